@@ -1,0 +1,49 @@
+# Every target does its own set-up: a fresh clone needs nothing but python3 (and root or sudo for apt-get
+# when redis-server is missing).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+LITELLM_PIN ?= 1.106.12
+CONSTRAINTS ?= constraints/litellm-$(LITELLM_PIN).txt
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(LITELLM_PIN)
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install test lint demo bench redis-server clean
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev,proxy]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# redis-server is a system package; install it only when it is missing.
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  echo "redis-server not found: installing it with apt-get"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; }
+
+# The test session starts its own throwaway redis-server (and Redis Cluster) on free loopback ports and
+# stops them at the end (tests/conftest.py). pytest's exit code 5 means "no tests collected".
+test: $(STAMP) redis-server
+	@set +e; $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check litellm_ratebalance tests bench
+	$(VENV)/bin/ruff format --check litellm_ratebalance tests bench
+	$(VENV)/bin/mypy
+
+demo: $(STAMP)
+	$(PY) -m litellm_ratebalance.simulate.demo $(if $(REPLICAS),--replicas $(REPLICAS),)
+
+bench: $(STAMP) redis-server
+	$(PY) bench/run_all.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

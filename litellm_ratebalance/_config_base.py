@@ -1,0 +1,91 @@
+"""Base model and helpers shared by every settings model of the package."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from litellm_ratebalance.errors import ConfigurationError
+
+__all__ = ["SettingsModel", "configuration_error"]
+
+
+class SettingsModel(BaseModel):
+    """Frozen, typo-proof settings: unknown keys are errors (they are usually misspellings)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def configuration_error(exc: ValidationError, root: str) -> ConfigurationError:
+    """Turn a pydantic error into one ConfigurationError naming each key path under ``root``.
+
+    Range problems read ``must be between LO and HI`` when the field declares both bounds (see the
+    ``Field(ge=..., le=...)`` declarations); unknown keys list the valid ones.
+    """
+    lines: list[str] = []
+    for error in exc.errors(include_url=False):
+        loc = [str(part) for part in error["loc"]]
+        path = ".".join([root, *loc]) if root else ".".join(loc)
+        message = error["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        if error["type"] == "extra_forbidden":
+            message = "unknown setting"
+            model = _model_at(exc, loc[:-1])
+            if model is not None:
+                message += f"; valid keys here: {', '.join(sorted(model.model_fields))}"
+        elif error["type"] in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+            bounds = _bounds_at(exc, loc)
+            if bounds is not None:
+                message = f"must be between {bounds[0]} and {bounds[1]}"
+        if "input" in error and error["type"] != "missing":
+            message += f" (got {error['input']!r})"
+        lines.append(f"{path}: {message}")
+    return ConfigurationError("invalid configuration:\n  " + "\n  ".join(lines))
+
+
+def _model_at(exc: ValidationError, loc: list[str]) -> type[BaseModel] | None:
+    """The settings model class found by walking ``loc`` from the failed model's fields."""
+    title = exc.title
+    model = _REGISTRY.get(title)
+    for part in loc:
+        if model is None:
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            # A dict entry (e.g. a feature name): keep the value model of the dict.
+            continue
+        model = _model_of(field.annotation)
+    return model
+
+
+def _bounds_at(exc: ValidationError, loc: list[str]) -> tuple[object, object] | None:
+    model = _model_at(exc, loc[:-1])
+    if model is None or loc[-1] not in model.model_fields:
+        return None
+    low: object = None
+    high: object = None
+    for meta in model.model_fields[loc[-1]].metadata:
+        low = getattr(meta, "ge", getattr(meta, "gt", low))
+        high = getattr(meta, "le", getattr(meta, "lt", high))
+    if low is None or high is None:
+        return None
+    return low, high
+
+
+def _model_of(annotation: object) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+_REGISTRY: dict[str, type[BaseModel]] = {}
+
+
+def register(model: type[BaseModel]) -> type[BaseModel]:
+    """Make a root model findable by the error formatter (pydantic reports the root's title)."""
+    _REGISTRY[model.__name__] = model
+    return model

@@ -1,0 +1,299 @@
+"""Pure admission policy: priorities, reservations, saturation, the admit/reject decision, 429 texts.
+
+Nothing here does I/O or reads a clock: callers pass counts, limits and times. The Redis script
+``store/lua/admission_acquire.lua`` implements :func:`decide` step for step; the embedded store calls
+:func:`decide` itself, and the shared behavioural test suite checks that both agree.
+
+Definitions (LiteLLM ``dynamic_rate_limiter_v3`` meaning, with our additions marked *):
+
+* A **pool** is a configured priority (``priority_reservation`` key) or the shared default pool that every
+  request without a configured priority uses. Pools are the only counters: an unknown priority string
+  never creates one.
+* **weight** of a pool: its reservation as a fraction of model capacity (``{type: rpm|tpm}`` values are
+  divided by the model's rpm/tpm); configured weights summing past 1 are scaled to sum to 1. The default
+  pool's weight is ``default_priority`` and is not scaled.
+* **saturation** = max(requests / model rpm, tokens / model tpm) over the live window counters,
+  reservations of requests in flight included, *before* the request being decided.
+* **lenient** (saturation < threshold): only the model-wide caps apply. **strict** (>=): the request's
+  pool is also capped at weight x capacity.
+* *floors*: a pool with ``lendable`` < 1 keeps ``(1 - lendable) x weight x capacity`` of each window for
+  itself: requests of other pools are admitted only while that unused part stays free, in both modes.
+* *oversize rule*: a request is never asked to fit more room than the limit it is checked against. A
+  request whose token estimate exceeds a limit is admitted when that whole limit is still unused, and then
+  uses it up: at most one such request per window and limit, never rejected forever.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+
+__all__ = [
+    "DEFAULT_POOL",
+    "AdmissionLimits",
+    "Decision",
+    "Floor",
+    "RejectReason",
+    "ReservationValue",
+    "WindowCounters",
+    "build_limits",
+    "decide",
+    "effective_remaining",
+    "fits",
+    "pool_field",
+    "protected_room",
+    "rejection_message",
+    "saturation",
+]
+
+DEFAULT_POOL = "d"
+"""Field name of the shared default pool; configured priorities are ``p.<escaped name>``."""
+
+
+def pool_field(priority: str | None, escaped: str | None = None) -> str:
+    """Return the counter field of a pool: ``"d"`` for the default pool, else ``"p." + escaped name``."""
+    if priority is None:
+        return DEFAULT_POOL
+    return "p." + (escaped if escaped is not None else priority)
+
+
+class RejectReason(IntEnum):
+    """Why a request was refused; the integer is what the Lua script returns."""
+
+    NONE = 0
+    MODEL_REQUESTS = 1
+    MODEL_TOKENS = 2
+    POOL_REQUESTS = 3
+    POOL_TOKENS = 4
+
+    @property
+    def is_model_wide(self) -> bool:
+        return self in (RejectReason.MODEL_REQUESTS, RejectReason.MODEL_TOKENS)
+
+    @property
+    def limit_type(self) -> str:
+        """``requests`` or ``tokens``, the word LiteLLM's messages use."""
+        return "requests" if self in (RejectReason.MODEL_REQUESTS, RejectReason.POOL_REQUESTS) else "tokens"
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """The non-lendable part of another pool's reservation, per window."""
+
+    pool: str
+    requests: float
+    tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionLimits:
+    """Everything the decision needs about limits for one (model group, pool). ``None`` = no limit."""
+
+    rpm: int | None
+    tpm: int | None
+    saturation_threshold: float
+    pool: str
+    pool_rpm: float | None
+    pool_tpm: float | None
+    floors: tuple[Floor, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WindowCounters:
+    """Live counts of the current window (reservations in flight included)."""
+
+    requests: int = 0
+    tokens: int = 0
+    pool_requests: int = 0
+    pool_tokens: int = 0
+    other_pools: Mapping[str, tuple[int, int]] | None = None
+    """(requests, tokens) of the pools named in ``AdmissionLimits.floors``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    admitted: bool
+    reason: RejectReason
+    saturation: float
+    strict: bool
+
+
+def saturation(requests: float, tokens: float, rpm: float | None, tpm: float | None) -> float:
+    """max(requests / rpm, tokens / tpm); 0 when neither limit is configured."""
+    value = 0.0
+    if rpm:
+        value = max(value, requests / rpm)
+    if tpm:
+        value = max(value, tokens / tpm)
+    return value
+
+
+def fits(used: float, need: float, limit: float) -> bool:
+    """True if ``need`` more fits under ``limit`` given ``used``, with the oversize rule (module doc)."""
+    if limit <= 0:
+        return False
+    return used + min(need, limit) <= limit
+
+
+def protected_room(limits: AdmissionLimits, counters: WindowCounters) -> tuple[float, float]:
+    """(requests, tokens) other pools' floors still hold back from this request."""
+    if not limits.floors:
+        return 0.0, 0.0
+    others = counters.other_pools or {}
+    held_requests = held_tokens = 0.0
+    for floor in limits.floors:
+        used_requests, used_tokens = others.get(floor.pool, (0, 0))
+        held_requests += max(0.0, floor.requests - used_requests)
+        held_tokens += max(0.0, floor.tokens - used_tokens)
+    return held_requests, held_tokens
+
+
+def decide(counters: WindowCounters, limits: AdmissionLimits, cost_tokens: int) -> Decision:
+    """Admit or refuse one request that reserves one request and ``cost_tokens`` tokens."""
+    sat = saturation(counters.requests, counters.tokens, limits.rpm, limits.tpm)
+    strict = sat >= limits.saturation_threshold
+    held_requests, held_tokens = protected_room(limits, counters)
+    reason = RejectReason.NONE
+    if limits.rpm is not None and not fits(counters.requests, 1, limits.rpm - held_requests):
+        reason = RejectReason.MODEL_REQUESTS
+    elif limits.tpm is not None and not fits(counters.tokens, cost_tokens, limits.tpm - held_tokens):
+        reason = RejectReason.MODEL_TOKENS
+    elif strict and limits.pool_rpm is not None and not fits(counters.pool_requests, 1, limits.pool_rpm):
+        reason = RejectReason.POOL_REQUESTS
+    elif (
+        strict
+        and limits.pool_tpm is not None
+        and not fits(counters.pool_tokens, cost_tokens, limits.pool_tpm)
+    ):
+        reason = RejectReason.POOL_TOKENS
+    return Decision(reason is RejectReason.NONE, reason, sat, strict)
+
+
+def effective_remaining(
+    counters: WindowCounters, limits: AdmissionLimits, strict: bool
+) -> tuple[int | None, int | None]:
+    """(requests, tokens) this pool could still be admitted in the window; ``None`` = unlimited."""
+    held_requests, held_tokens = protected_room(limits, counters)
+    requests: float | None = None
+    tokens: float | None = None
+    if limits.rpm is not None:
+        requests = limits.rpm - held_requests - counters.requests
+    if limits.tpm is not None:
+        tokens = limits.tpm - held_tokens - counters.tokens
+    if strict:
+        if limits.pool_rpm is not None:
+            pool_requests = limits.pool_rpm - counters.pool_requests
+            requests = pool_requests if requests is None else min(requests, pool_requests)
+        if limits.pool_tpm is not None:
+            pool_tokens = limits.pool_tpm - counters.pool_tokens
+            tokens = pool_tokens if tokens is None else min(tokens, pool_tokens)
+    return (
+        None if requests is None else max(0, math.floor(requests)),
+        None if tokens is None else max(0, math.floor(tokens)),
+    )
+
+
+# -- building limits from configuration --------------------------------------------------------------
+
+ReservationValue = float | Mapping[str, object]
+
+
+def _weight(value: ReservationValue, rpm: int | None, tpm: int | None) -> float:
+    """A reservation as a fraction of capacity (LiteLLM's conversion; unknown capacity gives 0)."""
+    if isinstance(value, int | float):
+        return float(value)
+    kind = str(value.get("type", "percent"))
+    amount = float(value.get("value", 1.0))  # type: ignore[arg-type]
+    if kind == "percent":
+        return amount
+    if kind == "rpm":
+        return amount / rpm if rpm else 0.0
+    if kind == "tpm":
+        return amount / tpm if tpm else 0.0
+    raise ValueError(f"reservation type must be percent, rpm or tpm, got {kind!r}")
+
+
+def normalised_weights(
+    reservations: Mapping[str, ReservationValue], rpm: int | None, tpm: int | None
+) -> dict[str, float]:
+    """Configured priorities' weights, scaled to sum to 1 when they sum past 1."""
+    weights = {name: max(0.0, _weight(value, rpm, tpm)) for name, value in reservations.items()}
+    total = sum(weights.values())
+    if total > 1.0:
+        return {name: weight / total for name, weight in weights.items()}
+    return weights
+
+
+def build_limits(
+    *,
+    rpm: int | None,
+    tpm: int | None,
+    priority: str | None,
+    reservations: Mapping[str, ReservationValue],
+    default_priority: float,
+    saturation_threshold: float,
+    lendable: Mapping[str, float],
+    field_of: Mapping[str, str],
+) -> AdmissionLimits:
+    """Limits for one request of ``priority`` (a configured priority name, or ``None`` = default pool).
+
+    ``field_of`` maps each configured priority to its escaped counter field name.
+    """
+    weights = normalised_weights(reservations, rpm, tpm)
+    if priority is not None and priority in weights:
+        weight = weights[priority]
+        pool = field_of[priority]
+    else:
+        priority = None
+        weight = default_priority
+        pool = DEFAULT_POOL
+    floors = tuple(
+        Floor(
+            pool=field_of[name],
+            requests=(1.0 - lendable[name]) * weights[name] * (rpm or 0),
+            tokens=(1.0 - lendable[name]) * weights[name] * (tpm or 0),
+        )
+        for name in weights
+        if name != priority and lendable.get(name, 1.0) < 1.0 and weights[name] > 0
+    )
+    return AdmissionLimits(
+        rpm=rpm,
+        tpm=tpm,
+        saturation_threshold=saturation_threshold,
+        pool=pool,
+        pool_rpm=None if rpm is None else weight * rpm,
+        pool_tpm=None if tpm is None else weight * tpm,
+        floors=floors,
+    )
+
+
+# -- messages -----------------------------------------------------------------------------------------
+
+
+def _fmt(limit: int | None) -> str:
+    return "not configured" if limit is None else str(limit)
+
+
+def rejection_message(
+    *,
+    model: str,
+    priority: str | None,
+    reason: RejectReason,
+    rpm: int | None,
+    tpm: int | None,
+    remaining: int | None,
+    saturation_value: float,
+) -> str:
+    """The 429 text, in the structure of LiteLLM's two v3 limiter messages."""
+    common = (
+        f"Priority: {priority}, Rate limit type: {reason.limit_type}, "
+        f"Model TPM: {_fmt(tpm)}, Model RPM: {_fmt(rpm)}, Remaining: {remaining if remaining is not None else 0}"
+    )
+    if reason.is_model_wide:
+        return f"Model capacity reached for {model}. {common}"
+    return (
+        f"Priority-based rate limit exceeded. Model: {model}, {common}, "
+        f"Model saturation: {saturation_value * 100:.1f}%"
+    )

@@ -1,0 +1,180 @@
+"""One settings tree for everything the package reads from ``litellm_settings``.
+
+Where the values come from (read lazily, on the first request, and validated once):
+
+* ``litellm_settings.ratebalance: {...}``: our own settings (LiteLLM copies unknown ``litellm_settings``
+  keys onto the ``litellm`` module, so this arrives as ``litellm.ratebalance``);
+* ``litellm_settings.priority_reservation`` and ``priority_reservation_settings``: LiteLLM's own keys for
+  its v3 limiter, read with LiteLLM's meaning so a config written for ``dynamic_rate_limiter_v3`` works
+  unchanged;
+* ``general_settings.token_rate_limit_type`` (``input`` | ``output`` | ``total``): which tokens count
+  toward TPM, as in LiteLLM.
+
+Every problem is reported at once, each as ``litellm_settings.<key path>: <what is wrong>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from litellm_ratebalance._config_base import SettingsModel, configuration_error, register
+from litellm_ratebalance.backpressure.config import BackpressureSettings
+from litellm_ratebalance.contracts.config import TrafficContractSettings
+from litellm_ratebalance.errors import ConfigurationError
+from litellm_ratebalance.routing.config import RoutingSettings
+from litellm_ratebalance.store.keys import validate_prefix
+
+__all__ = [
+    "LimiterSettings",
+    "PriorityReservationSettings",
+    "RateBalanceSettings",
+    "ReservationSpec",
+    "Settings",
+    "load_settings",
+    "parse_settings",
+]
+
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class ReservationSpec(SettingsModel):
+    """``{type: percent|rpm|tpm, value: n}``: LiteLLM's dict form of a reservation."""
+
+    type: Literal["percent", "rpm", "tpm"] = "percent"
+    value: Annotated[float, Field(ge=0.0, le=1e12)] = 1.0
+
+
+class PriorityReservationSettings(SettingsModel):
+    """LiteLLM's ``priority_reservation_settings``, same names, defaults and meaning."""
+
+    default_priority: Fraction = 0.25
+    saturation_threshold: Fraction = 0.50
+    saturation_check_cache_ttl: Annotated[int, Field(ge=0, le=86400)] = 60
+    """Accepted for compatibility and ignored: our saturation is computed live in the admission script."""
+
+
+class LimiterSettings(SettingsModel):
+    """``ratebalance.limiter``: the priority admission limiter."""
+
+    window_seconds: Annotated[int, Field(ge=1, le=3600)] = 60
+    default_output_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = 256
+    """Output tokens reserved for a request that sets neither max_tokens nor max_completion_tokens."""
+    max_reserved_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)] = 32_768
+    """Upper bound on the output tokens one request reserves (a huge max_tokens is clamped to it)."""
+    lendable: dict[str, Fraction] = Field(default_factory=dict)
+    """Per priority: the fraction of its reservation other priorities may borrow (default 1.0)."""
+    token_rate_limit_type: Literal["input", "output", "total"] | None = None
+    """Overrides ``general_settings.token_rate_limit_type`` for this limiter."""
+    capacity_refresh_seconds: Annotated[float, Field(ge=0.1, le=3600)] = 5.0
+    """How long a model group's summed tpm/rpm is cached before it is re-read from the router."""
+
+
+class RateBalanceSettings(SettingsModel):
+    """``litellm_settings.ratebalance``."""
+
+    key_prefix: str = "ratebalance"
+    redis_url: str | None = None
+    """Overrides the Redis discovered from the proxy (``redis://``, ``rediss://``, password, db)."""
+    fail_mode: Literal["open", "closed"] = "open"
+    """On a store fault: ``open`` admits (one warning per interval, counted); ``closed`` answers 503."""
+    fault_log_interval_seconds: Annotated[float, Field(ge=0.0, le=3600)] = 30.0
+    limiter: LimiterSettings = Field(default_factory=LimiterSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    traffic_contracts: TrafficContractSettings = Field(default_factory=TrafficContractSettings)
+    backpressure: BackpressureSettings = Field(default_factory=BackpressureSettings)
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        try:
+            return validate_prefix(value)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc).split(": ", 1)[1]) from None
+
+
+@register
+class Settings(SettingsModel):
+    """Everything: ``litellm_settings`` keys as they appear in config.yaml."""
+
+    ratebalance: RateBalanceSettings = Field(default_factory=RateBalanceSettings)
+    priority_reservation: dict[str, float | ReservationSpec] = Field(default_factory=dict)
+    priority_reservation_settings: PriorityReservationSettings = Field(
+        default_factory=PriorityReservationSettings
+    )
+    token_rate_limit_type: Literal["input", "output", "total"] = "total"
+    """From ``general_settings.token_rate_limit_type``."""
+
+    @field_validator("priority_reservation")
+    @classmethod
+    def _reservations(cls, value: dict[str, float | ReservationSpec]) -> dict[str, float | ReservationSpec]:
+        for name, spec in value.items():
+            if not isinstance(name, str) or not name or len(name) > 256:
+                raise ValueError(f"priority names must be non-empty strings of at most 256 characters, got {name!r}")
+            if isinstance(spec, float) and not 0.0 <= spec <= 1.0:
+                raise ValueError(f"{name}: a fraction must be between 0.0 and 1.0 (got {spec!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _lendable_names_are_priorities(self) -> Settings:
+        unknown = sorted(set(self.ratebalance.limiter.lendable) - set(self.priority_reservation))
+        if unknown:
+            raise ValueError(
+                f"ratebalance.limiter.lendable names priorities not in priority_reservation: {unknown}; "
+                f"configured priorities: {sorted(self.priority_reservation)}"
+            )
+        return self
+
+    @property
+    def effective_token_type(self) -> Literal["input", "output", "total"]:
+        return self.ratebalance.limiter.token_rate_limit_type or self.token_rate_limit_type
+
+    def reservation_values(self) -> dict[str, float | Mapping[str, object]]:
+        """Reservations in the form :func:`admission.policy.build_limits` takes."""
+        return {
+            name: spec if isinstance(spec, float) else {"type": spec.type, "value": spec.value}
+            for name, spec in self.priority_reservation.items()
+        }
+
+
+def _plain(value: Any) -> Any:
+    """LiteLLM may hand us pydantic objects (PriorityReservationSettings) or dicts; we want dicts."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump()
+    return value
+
+
+def parse_settings(raw: Mapping[str, Any]) -> Settings:
+    """Validate a ``litellm_settings``-shaped mapping; raise ConfigurationError naming each key path."""
+    data = {key: _plain(raw[key]) for key in Settings.model_fields if raw.get(key) is not None}
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise configuration_error(exc, "litellm_settings") from None
+
+
+def load_settings() -> Settings:
+    """Read and validate our settings from the running LiteLLM (module attributes, general_settings)."""
+    import litellm
+
+    raw: dict[str, Any] = {
+        "ratebalance": getattr(litellm, "ratebalance", None),
+        "priority_reservation": getattr(litellm, "priority_reservation", None),
+        "priority_reservation_settings": getattr(litellm, "priority_reservation_settings", None),
+    }
+    token_type = _general_setting("token_rate_limit_type")
+    if token_type is not None:
+        raw["token_rate_limit_type"] = token_type
+    return parse_settings(raw)
+
+
+def _general_setting(name: str) -> Any:
+    try:
+        from litellm.proxy import proxy_server
+    except Exception:  # the SDK without the proxy extra: no general_settings
+        return None
+    general = getattr(proxy_server, "general_settings", None) or {}
+    return general.get(name) if isinstance(general, dict) else None

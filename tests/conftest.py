@@ -1,0 +1,52 @@
+"""Test session fixtures: a throwaway redis-server, and a ``store`` fixture run on every backend."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore  # noqa: E402
+from tests.servers import RedisServer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One redis-server for the whole session (started on first use)."""
+    with RedisServer() as server:
+        yield server
+
+
+async def fresh_redis_client(server: RedisServer) -> object:
+    """A client on an emptied database with the script cache flushed (so NOSCRIPT reloads are exercised)."""
+    import redis.asyncio as aioredis
+
+    # A blocking pool waits for a free connection instead of failing a burst of 200 concurrent calls.
+    pool = aioredis.BlockingConnectionPool.from_url(server.url, max_connections=50, timeout=10)
+    client = aioredis.Redis(connection_pool=pool)
+    await client.flushdb()
+    await client.script_flush()
+    return client
+
+
+@pytest.fixture
+async def redis_client(redis_server: RedisServer) -> AsyncIterator[object]:
+    client = await fresh_redis_client(redis_server)
+    yield client
+    await client.aclose()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore | RedisStore]:
+    """The behavioural suite's store: every test using it runs once per backend."""
+    keys = KeySpace("rbtest")
+    if request.param == "memory":
+        yield MemoryStore(keys)
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    client = await fresh_redis_client(server)
+    yield RedisStore(client, keys)
+    await client.aclose()  # type: ignore[attr-defined]
