@@ -9,8 +9,8 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore  # noqa: E402
-from tests.servers import RedisServer  # noqa: E402
+from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore
+from tests.servers import RedisServer
 
 
 @pytest.fixture(scope="session")

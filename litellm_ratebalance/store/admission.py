@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from redis.exceptions import RedisError
+
 from litellm_ratebalance.admission.policy import (
     AdmissionLimits,
     RejectReason,
@@ -25,8 +27,6 @@ from litellm_ratebalance.admission.policy import (
     decide,
     protected_room,
 )
-from redis.exceptions import RedisError
-
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.store._scripts import ScriptRunner
 from litellm_ratebalance.store.keys import KeySpace
@@ -212,7 +212,12 @@ class MemoryAdmissionStore:
             )
             decision = decide(counters, limits, cost_tokens)
             if decision.admitted:
-                for name, delta in (("r", 1), ("r:" + pool, 1), ("t", cost_tokens), ("t:" + pool, cost_tokens)):
+                for name, delta in (
+                    ("r", 1),
+                    ("r:" + pool, 1),
+                    ("t", cost_tokens),
+                    ("t:" + pool, cost_tokens),
+                ):
                     counts[name] = counts.get(name, 0) + delta
                 counters = WindowCounters(
                     counts["r"], counts["t"], counts["r:" + pool], counts["t:" + pool], counters.other_pools

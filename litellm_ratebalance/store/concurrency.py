@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["MemoryConcurrencyStore", "RedisConcurrencyStore", "ConcurrencyStore"]
+__all__ = ["ConcurrencyStore", "MemoryConcurrencyStore", "RedisConcurrencyStore"]
 
 
 class ConcurrencyStore(Protocol):

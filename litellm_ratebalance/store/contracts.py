@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["MemoryContractStore", "RedisContractStore", "ContractStore"]
+__all__ = ["ContractStore", "MemoryContractStore", "RedisContractStore"]
 
 
 class ContractStore(Protocol):
