@@ -101,9 +101,7 @@ class Settings(SettingsModel):
 
     ratebalance: RateBalanceSettings = Field(default_factory=RateBalanceSettings)
     priority_reservation: dict[str, float | ReservationSpec] = Field(default_factory=dict)
-    priority_reservation_settings: PriorityReservationSettings = Field(
-        default_factory=PriorityReservationSettings
-    )
+    priority_reservation_settings: PriorityReservationSettings = Field(default_factory=PriorityReservationSettings)
     token_rate_limit_type: Literal["input", "output", "total"] = "total"
     """From ``general_settings.token_rate_limit_type``."""
 
@@ -112,9 +110,7 @@ class Settings(SettingsModel):
     def _reservations(cls, value: dict[str, float | ReservationSpec]) -> dict[str, float | ReservationSpec]:
         for name, spec in value.items():
             if not isinstance(name, str) or not name or len(name) > 256:
-                raise ValueError(
-                    f"priority names must be non-empty strings of at most 256 characters, got {name!r}"
-                )
+                raise ValueError(f"priority names must be non-empty strings of at most 256 characters, got {name!r}")
             if isinstance(spec, float) and not 0.0 <= spec <= 1.0:
                 raise ValueError(f"{name}: a fraction must be between 0.0 and 1.0 (got {spec!r})")
         return value

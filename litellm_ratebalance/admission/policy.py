@@ -162,11 +162,7 @@ def decide(counters: WindowCounters, limits: AdmissionLimits, cost_tokens: int) 
         reason = RejectReason.MODEL_TOKENS
     elif strict and limits.pool_rpm is not None and not fits(counters.pool_requests, 1, limits.pool_rpm):
         reason = RejectReason.POOL_REQUESTS
-    elif (
-        strict
-        and limits.pool_tpm is not None
-        and not fits(counters.pool_tokens, cost_tokens, limits.pool_tpm)
-    ):
+    elif strict and limits.pool_tpm is not None and not fits(counters.pool_tokens, cost_tokens, limits.pool_tpm):
         reason = RejectReason.POOL_TOKENS
     return Decision(reason is RejectReason.NONE, reason, sat, strict)
 
@@ -294,6 +290,5 @@ def rejection_message(
     if reason.is_model_wide:
         return f"Model capacity reached for {model}. {common}"
     return (
-        f"Priority-based rate limit exceeded. Model: {model}, {common}, "
-        f"Model saturation: {saturation_value * 100:.1f}%"
+        f"Priority-based rate limit exceeded. Model: {model}, {common}, Model saturation: {saturation_value * 100:.1f}%"
     )
