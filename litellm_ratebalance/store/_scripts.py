@@ -8,6 +8,7 @@ Each ``lua/<name>.lua`` file is one atomic operation and opens with a comment st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -34,22 +35,27 @@ class ScriptRunner:
 
     __slots__ = ("_client", "_scripts")
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any | Callable[[], Any]) -> None:
+        # A callable is asked for the client at each call: LiteLLM may replace its cached client.
         self._client = client
         self._scripts: dict[str, Any] = {}
 
     @property
     def client(self) -> Any:
-        return self._client
+        client = self._client
+        if callable(client) and not hasattr(client, "execute_command"):
+            return client()
+        return client
 
     async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run script ``name`` atomically with ``keys`` and ``args``; return its raw reply."""
+        client = self.client
         script = self._scripts.get(name)
         if script is None:
-            script = self._client.register_script(load_lua(name))
+            script = client.register_script(load_lua(name))
             self._scripts[name] = script
         try:
-            return await script(keys=keys, args=args)
+            return await script(keys=keys, args=args, client=client)
         except RedisError as exc:
             raise StoreError(f"redis script {name!r} failed: {type(exc).__name__}: {exc}") from exc
         except OSError as exc:  # socket errors that redis-py did not wrap

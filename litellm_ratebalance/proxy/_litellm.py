@@ -1,0 +1,90 @@
+"""The one module that touches LiteLLM internals (anything not in its documented callback API).
+
+Each accessor is small, returns ``None`` (or raises ``LiteLLMSurfaceChanged`` with a clear message) when
+the internal it reads has moved, and is covered by ``tests/unit/test_litellm_surface.py``, which fails
+loudly on a LiteLLM upgrade that changes one of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "LiteLLMSurfaceChanged",
+    "discover_redis_cache",
+    "general_setting",
+    "proxy_router",
+    "rate_limit_exception",
+]
+
+
+class LiteLLMSurfaceChanged(RuntimeError):
+    """A LiteLLM internal this package relies on is gone or changed shape."""
+
+
+def _proxy_server() -> Any | None:
+    try:
+        return importlib.import_module("litellm.proxy.proxy_server")
+    except Exception:  # SDK install without the proxy extra
+        return None
+
+
+def proxy_router() -> Any | None:
+    """The proxy's current Router (it may be replaced at runtime, so never cache it for long)."""
+    server = _proxy_server()
+    return None if server is None else getattr(server, "llm_router", None)
+
+
+def general_setting(name: str) -> Any:
+    server = _proxy_server()
+    general = getattr(server, "general_settings", None) if server is not None else None
+    return general.get(name) if isinstance(general, Mapping) else None
+
+
+def discover_redis_cache() -> Any | None:
+    """The proxy's shared ``RedisCache``, in LiteLLM's own order of precedence (see LITELLM-NOTES.md):
+
+    1. ``proxy_server.redis_usage_cache`` (what LiteLLM's limiters use),
+    2. ``proxy_logging_obj.internal_usage_cache.dual_cache.redis_cache``,
+    3. the router's own Redis (``router_settings.redis_host/port``).
+    """
+    server = _proxy_server()
+    if server is None:
+        return None
+    candidates: list[Any] = [getattr(server, "redis_usage_cache", None)]
+    logging_obj = getattr(server, "proxy_logging_obj", None)
+    internal = getattr(logging_obj, "internal_usage_cache", None)
+    dual = getattr(internal, "dual_cache", None)
+    candidates.append(getattr(dual, "redis_cache", None))
+    router = getattr(server, "llm_router", None)
+    router_cache = getattr(router, "cache", None)
+    candidates.append(getattr(router_cache, "redis_cache", None))
+    for candidate in candidates:
+        if candidate is not None and hasattr(candidate, "init_async_client"):
+            return candidate
+    return None
+
+
+def rate_limit_exception(message: str, headers: Mapping[str, str], model: str) -> Exception:
+    """A 429 the proxy sends as ``{"error": {"message", "type": "throttling_error", "code": "429"}}``.
+
+    LiteLLM's own limiters raise ``ProxyRateLimitError``; on versions without it we fall back to a
+    FastAPI ``HTTPException`` (same status and headers, LiteLLM then labels the type itself).
+    """
+    try:
+        module = importlib.import_module("litellm.proxy.common_utils.proxy_rate_limit_error")
+        error_class = module.ProxyRateLimitError
+    except (ImportError, AttributeError):
+        from fastapi import HTTPException
+
+        return HTTPException(status_code=429, detail={"error": message}, headers=dict(headers))
+    return error_class(detail={"error": message}, headers=dict(headers), model=model)  # type: ignore[no-any-return]
+
+
+def service_unavailable(message: str, headers: Mapping[str, str] | None = None) -> Exception:
+    """A 503 with ``{"error": {"message": ...}}`` (fail-closed store faults, load shedding)."""
+    from fastapi import HTTPException
+
+    return HTTPException(status_code=503, detail={"error": message}, headers=dict(headers or {}))

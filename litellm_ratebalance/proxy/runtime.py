@@ -1,0 +1,135 @@
+"""Process-wide state shared by every adapter: settings, the store, the router, store-fault handling.
+
+LiteLLM builds our callback instances at config load, before its Router and Redis exist, and with no
+arguments, so everything here is resolved lazily on first use and kept for the process. Tests and SDK
+users call :func:`configure` to hand in settings, a store or a router explicitly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from litellm_ratebalance import metrics
+from litellm_ratebalance.errors import StoreError
+from litellm_ratebalance.proxy import _litellm
+from litellm_ratebalance.settings import Settings, load_settings
+from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore, Store
+
+__all__ = ["FaultPolicy", "Runtime", "configure", "get_runtime", "reset_runtime"]
+
+logger = logging.getLogger("litellm_ratebalance")
+
+
+class FaultPolicy:
+    """What happens when the store fails: count it, warn at most once per interval per component, and
+    tell the caller whether to go on (fail open) or refuse (fail closed)."""
+
+    __slots__ = ("_last_warning",)
+
+    def __init__(self) -> None:
+        self._last_warning: dict[str, float] = {}
+
+    def record(self, component: str, exc: BaseException, settings: Settings) -> bool:
+        """Count and maybe log one store fault; return True if the request should proceed (fail open)."""
+        fail_open = settings.ratebalance.fail_mode == "open"
+        metrics.counter(
+            "store_errors", "Store (Redis) operations that failed, by component and fail mode", ["component", "mode"]
+        ).labels(component, "open" if fail_open else "closed").inc()
+        now = time.monotonic()
+        interval = settings.ratebalance.fault_log_interval_seconds
+        last = self._last_warning.get(component)
+        if last is None or now - last >= interval:
+            self._last_warning[component] = now
+            logger.warning(
+                "litellm_ratebalance %s: store error, failing %s (repeats suppressed for %.0fs): %s",
+                component,
+                "open" if fail_open else "closed",
+                interval,
+                exc,
+            )
+        return fail_open
+
+    def unavailable(self, component: str) -> Exception:
+        """The 503 a fail-closed component raises."""
+        return _litellm.service_unavailable(
+            f"litellm_ratebalance {component}: the shared rate-limit store is unavailable and fail_mode is "
+            "'closed'; retry shortly",
+            {"retry-after": "1"},
+        )
+
+
+class Runtime:
+    """Lazily resolved, process-wide dependencies of the adapters."""
+
+    def __init__(self) -> None:
+        self._settings: Settings | None = None
+        self._store: Store | None = None
+        self._router: Any | None = None
+        self.faults = FaultPolicy()
+
+    # -- settings -------------------------------------------------------------------------------------
+    def settings(self) -> Settings:
+        """Validated settings (raises ConfigurationError naming the key path on the first bad value)."""
+        if self._settings is None:
+            self._settings = load_settings()
+        return self._settings
+
+    # -- store ----------------------------------------------------------------------------------------
+    def store(self) -> Store:
+        """The shared store: ``ratebalance.redis_url``, else the proxy's Redis, else the embedded store."""
+        if self._store is None:
+            self._store = self._make_store(self.settings())
+        return self._store
+
+    def _make_store(self, settings: Settings) -> Store:
+        keys = KeySpace(settings.ratebalance.key_prefix)
+        url = settings.ratebalance.redis_url
+        if url:
+            import redis.asyncio as aioredis
+
+            client = aioredis.Redis.from_url(url)
+            logger.info("litellm_ratebalance: using the Redis at ratebalance.redis_url (credentials not shown)")
+            return RedisStore(client, keys, owns_client=True)
+        cache = _litellm.discover_redis_cache()
+        if cache is not None:
+            logger.info("litellm_ratebalance: using the proxy's Redis")
+            return RedisStore(cache.init_async_client, keys)
+        logger.info("litellm_ratebalance: no Redis configured; using the embedded store (limits per process)")
+        return MemoryStore(keys)
+
+    # -- router ---------------------------------------------------------------------------------------
+    def router(self) -> Any | None:
+        """The explicitly configured router, else the proxy's current one (re-read every time)."""
+        return self._router if self._router is not None else _litellm.proxy_router()
+
+    def configure(self, *, settings: Settings | None = None, store: Store | None = None, router: Any = None) -> None:
+        if settings is not None:
+            self._settings = settings
+        if store is not None:
+            self._store = store
+        if router is not None:
+            self._router = router
+
+
+_runtime = Runtime()
+
+
+def get_runtime() -> Runtime:
+    return _runtime
+
+
+def configure(*, settings: Settings | None = None, store: Store | None = None, router: Any = None) -> None:
+    """Hand settings, a store or a router to every adapter in this process (SDK and tests)."""
+    _runtime.configure(settings=settings, store=store, router=router)
+
+
+def reset_runtime() -> None:
+    """Forget everything resolved so far (tests)."""
+    global _runtime
+    _runtime = Runtime()
+
+
+def is_store_error(exc: BaseException) -> bool:
+    return isinstance(exc, StoreError)
