@@ -15,7 +15,8 @@ Definitions (LiteLLM ``dynamic_rate_limiter_v3`` meaning, with our additions mar
 * **saturation** = max(requests / model rpm, tokens / model tpm) over the live window counters,
   reservations of requests in flight included, *before* the request being decided.
 * **lenient** (saturation < threshold): only the model-wide caps apply. **strict** (>=): the request's
-  pool is also capped at weight x capacity.
+  pool is also capped at weight x capacity. *With no ``priority_reservation`` at all there are no shares
+  to enforce and only the model-wide caps apply.*
 * *floors*: a pool with ``lendable`` < 1 keeps ``(1 - lendable) x weight x capacity`` of each window for
   itself: requests of other pools are admitted only while that unused part stays free, in both modes.
 * *oversize rule*: a request is never asked to fit more room than the limit it is checked against. A
@@ -44,7 +45,9 @@ __all__ = [
     "fits",
     "pool_field",
     "protected_room",
+    "rate_limit_headers",
     "rejection_message",
+    "reset_seconds",
     "saturation",
 ]
 
@@ -254,13 +257,16 @@ def build_limits(
         for name in weights
         if name != priority and lendable.get(name, 1.0) < 1.0 and weights[name] > 0
     )
+    # With no priority configured there is nothing to divide: only the model-wide caps apply (a lone
+    # key may use the whole model), rather than capping all traffic at default_priority once saturated.
+    divided = bool(weights)
     return AdmissionLimits(
         rpm=rpm,
         tpm=tpm,
         saturation_threshold=saturation_threshold,
         pool=pool,
-        pool_rpm=None if rpm is None else weight * rpm,
-        pool_tpm=None if tpm is None else weight * tpm,
+        pool_rpm=weight * rpm if divided and rpm is not None else None,
+        pool_tpm=weight * tpm if divided and tpm is not None else None,
         floors=floors,
     )
 
@@ -292,3 +298,39 @@ def rejection_message(
     return (
         f"Priority-based rate limit exceeded. Model: {model}, {common}, Model saturation: {saturation_value * 100:.1f}%"
     )
+
+
+def reset_seconds(now_ms: int, window_end_ms: int) -> int:
+    """Whole seconds until the window ends (and its capacity frees), at least 1."""
+    return max(1, math.ceil((window_end_ms - now_ms) / 1000))
+
+
+def rate_limit_headers(
+    *,
+    limits: AdmissionLimits,
+    counters: WindowCounters,
+    strict: bool,
+    saturation_value: float,
+    priority_label: str,
+    now_ms: int,
+    window_end_ms: int,
+) -> dict[str, str]:
+    """OpenAI-style ``x-ratelimit-*`` headers from this pool's point of view, plus ``x-litellm-*``.
+
+    ``limit`` is what applies to the pool now (its share in strict mode, the model cap otherwise);
+    ``remaining`` is what it could still be admitted (floors of other pools held back).
+    """
+    remaining_requests, remaining_tokens = effective_remaining(counters, limits, strict)
+    reset = f"{reset_seconds(now_ms, window_end_ms)}s"
+    headers = {"x-litellm-priority": priority_label, "x-litellm-saturation": f"{saturation_value:.3f}"}
+    limit_requests = limits.pool_rpm if strict and limits.pool_rpm is not None else limits.rpm
+    limit_tokens = limits.pool_tpm if strict and limits.pool_tpm is not None else limits.tpm
+    if limit_requests is not None and remaining_requests is not None:
+        headers["x-ratelimit-limit-requests"] = str(math.floor(limit_requests))
+        headers["x-ratelimit-remaining-requests"] = str(remaining_requests)
+        headers["x-ratelimit-reset-requests"] = reset
+    if limit_tokens is not None and remaining_tokens is not None:
+        headers["x-ratelimit-limit-tokens"] = str(math.floor(limit_tokens))
+        headers["x-ratelimit-remaining-tokens"] = str(remaining_tokens)
+        headers["x-ratelimit-reset-tokens"] = reset
+    return headers

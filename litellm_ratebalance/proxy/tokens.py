@@ -1,0 +1,75 @@
+"""Estimating a request's token cost before the call (what the admission reservation holds)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+__all__ = ["estimate_tokens", "requested_output_tokens"]
+
+logger = logging.getLogger("litellm_ratebalance")
+
+TokenType = Literal["input", "output", "total"]
+
+
+def requested_output_tokens(data: Mapping[str, Any], default: int, ceiling: int) -> int:
+    """``max_completion_tokens`` or ``max_tokens`` from the request, else ``default``; at most ``ceiling``.
+
+    A value that is not a non-negative integer is ignored (the provider will refuse it anyway), so a bad
+    request cannot make the reservation negative or huge.
+    """
+    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        value = data.get(name)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) and value >= 0:
+            return min(value, ceiling)
+    return min(default, ceiling)
+
+
+def prompt_tokens(model: str, data: Mapping[str, Any]) -> int:
+    """Input tokens by LiteLLM's token counter (chat messages, a text prompt or embedding input)."""
+    import litellm
+
+    try:
+        messages = data.get("messages")
+        if isinstance(messages, list):
+            return int(litellm.token_counter(model=model, messages=messages))
+        for name in ("prompt", "input"):
+            text = data.get(name)
+            if isinstance(text, str):
+                return int(litellm.token_counter(model=model, text=text))
+            if isinstance(text, list) and all(isinstance(item, str) for item in text):
+                return int(litellm.token_counter(model=model, text=text))
+    except Exception as exc:  # an unusual payload must not fail the request; reserve output only
+        logger.debug("litellm_ratebalance: token counting failed (%s); reserving output tokens only", exc)
+    return 0
+
+
+def estimate_tokens(
+    model: str, data: Mapping[str, Any], token_type: TokenType, default_output: int, output_ceiling: int
+) -> int:
+    """Tokens to reserve, counting what ``token_rate_limit_type`` counts (input, output or total)."""
+    total = 0
+    if token_type in ("input", "total"):
+        total += prompt_tokens(model, data)
+    if token_type in ("output", "total"):
+        total += requested_output_tokens(data, default_output, output_ceiling)
+    return total
+
+
+def actual_tokens(usage: Mapping[str, Any], token_type: TokenType) -> int | None:
+    """Tokens a finished call used, from a usage mapping; ``None`` if it carries none."""
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    total = usage.get("total_tokens")
+    if token_type == "input":
+        return int(prompt) if isinstance(prompt, int | float) else None
+    if token_type == "output":
+        return int(completion) if isinstance(completion, int | float) else None
+    if isinstance(total, int | float) and total > 0:
+        return int(total)
+    if isinstance(prompt, int | float) or isinstance(completion, int | float):
+        return int(prompt or 0) + int(completion or 0)
+    return None
