@@ -81,6 +81,11 @@ class RateBalanceSettings(SettingsModel):
     fail_mode: Literal["open", "closed"] = "open"
     """On a store fault: ``open`` admits (one warning per interval, counted); ``closed`` answers 503."""
     fault_log_interval_seconds: Annotated[float, Field(ge=0.0, le=3600)] = 30.0
+    store_timeout_seconds: Annotated[float, Field(ge=0.01, le=30)] = 0.5
+    """Upper bound on one store operation; past it the operation counts as a store fault."""
+    store_retry_after_seconds: Annotated[float, Field(ge=0.0, le=300)] = 1.0
+    """After a store fault, operations fail at once (per the fail mode) for this long before Redis is
+    tried again, so a down Redis does not add its timeout to every request."""
     limiter: LimiterSettings = Field(default_factory=LimiterSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     traffic_contracts: TrafficContractSettings = Field(default_factory=TrafficContractSettings)

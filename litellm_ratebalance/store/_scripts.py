@@ -8,6 +8,8 @@ Each ``lua/<name>.lua`` file is one atomic operation and opens with a comment st
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
@@ -33,12 +35,20 @@ class ScriptRunner:
     contains the connection URL (it may hold a password).
     """
 
-    __slots__ = ("_client", "_scripts")
+    __slots__ = ("_broken_until", "_client", "_cooldown", "_scripts", "_timeout")
 
-    def __init__(self, client: Any | Callable[[], Any]) -> None:
+    def __init__(
+        self, client: Any | Callable[[], Any], *, timeout_seconds: float = 0.5, cooldown_seconds: float = 1.0
+    ) -> None:
+        """``timeout_seconds`` bounds one script call (connect, retries and reply included);
+        ``cooldown_seconds``: after a failure, calls fail at once for that long instead of each waiting for
+        Redis again (a circuit breaker: a down Redis must not add its timeout to every request)."""
         # A callable is asked for the client at each call: LiteLLM may replace its cached client.
         self._client = client
         self._scripts: dict[str, Any] = {}
+        self._timeout = timeout_seconds
+        self._cooldown = cooldown_seconds
+        self._broken_until = 0.0
 
     @property
     def client(self) -> Any:
@@ -49,14 +59,23 @@ class ScriptRunner:
 
     async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run script ``name`` atomically with ``keys`` and ``args``; return its raw reply."""
+        if self._broken_until and time.monotonic() < self._broken_until:
+            raise StoreError(f"redis script {name!r} skipped: Redis failed less than {self._cooldown:g}s ago")
         client = self.client
         script = self._scripts.get(name)
         if script is None:
             script = client.register_script(load_lua(name))
             self._scripts[name] = script
         try:
-            return await script(keys=keys, args=args, client=client)
-        except RedisError as exc:
-            raise StoreError(f"redis script {name!r} failed: {type(exc).__name__}: {exc}") from exc
-        except OSError as exc:  # socket errors that redis-py did not wrap
-            raise StoreError(f"redis script {name!r} failed: {type(exc).__name__}") from exc
+            reply = await asyncio.wait_for(script(keys=keys, args=args, client=client), self._timeout)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            self._broken_until = time.monotonic() + self._cooldown
+            # The message never includes the connection URL (it may hold a password).
+            raise StoreError(f"redis script {name!r} failed: {type(exc).__name__}: {_safe(exc)}") from exc
+        self._broken_until = 0.0
+        return reply
+
+
+def _safe(exc: BaseException) -> str:
+    text = str(exc)
+    return "" if "://" in text or "@" in text else text

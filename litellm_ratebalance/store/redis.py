@@ -25,10 +25,18 @@ class RedisStore(RedisAdmissionStore, RedisRoutingStore, RedisContractStore, Red
 
     backend = "redis"
 
-    def __init__(self, client: Any, keys: KeySpace | None = None, *, owns_client: bool = False) -> None:
+    def __init__(
+        self,
+        client: Any,
+        keys: KeySpace | None = None,
+        *,
+        owns_client: bool = False,
+        timeout_seconds: float = 0.5,
+        cooldown_seconds: float = 1.0,
+    ) -> None:
         self.keys = keys or KeySpace()
         self._keys = self.keys
-        self._runner = ScriptRunner(client)
+        self._runner = ScriptRunner(client, timeout_seconds=timeout_seconds, cooldown_seconds=cooldown_seconds)
         self._owns_client = owns_client
 
     @property
