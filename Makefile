@@ -15,7 +15,9 @@ export PYTHONUNBUFFERED := 1
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev,proxy]'
+	# compat mode: a plain path entry, so `import litellm_ratebalance` works from any directory (the proxy
+	# imports callbacks with its config file's directory as the working directory).
+	$(PY) -m pip install -q -c $(CONSTRAINTS) --config-settings editable_mode=compat -e '.[dev,proxy]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -44,7 +44,7 @@ from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.capacity import Capacity, CapacityCache
 from litellm_ratebalance.proxy.identity import resolve_priority
-from litellm_ratebalance.proxy.runtime import Runtime, get_runtime
+from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 from litellm_ratebalance.proxy.tokens import actual_tokens, estimate_tokens
 from litellm_ratebalance.settings import Settings
 from litellm_ratebalance.store.keys import escape_name
@@ -90,6 +90,8 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         process); by default the process-wide runtime."""
         super().__init__()
         self._own_runtime = runtime
+        if runtime is None:
+            schedule_startup_check()
         self._derived: _Derived | None = None
         self._capacity: CapacityCache | None = None
         self._tickets: OrderedDict[str, _Ticket] = OrderedDict()
