@@ -184,50 +184,5 @@ def reset_runtime() -> None:
     _runtime = Runtime()
 
 
-_startup_check_scheduled = False
-
-EXIT_CONFIG = 78
-"""Exit status on invalid configuration at proxy start-up (EX_CONFIG from sysexits.h)."""
-
-
-def schedule_startup_check(poll_seconds: float = 0.05, give_up_seconds: float = 300.0) -> None:
-    """Validate our settings as soon as the proxy has applied its whole config, and refuse to start on
-    an invalid one.
-
-    Callback instances are built while LiteLLM is still reading ``litellm_settings`` (keys are applied in
-    file order), so validating in ``__init__`` could miss keys that come later. Instead, when an event loop
-    is running (the proxy's start-up), a task waits until the proxy's Router exists, the last step of
-    config loading, and validates then. On an invalid setting it logs every problem with its key path and
-    ends the process with status 78, before any request is served. Without a running loop (SDK use)
-    nothing is scheduled; settings are then validated on first use.
-    """
-    global _startup_check_scheduled
-    if _startup_check_scheduled:
-        return
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    _startup_check_scheduled = True
-
-    async def check() -> None:
-        waited = 0.0
-        while _litellm.proxy_router() is None and waited < give_up_seconds:
-            await asyncio.sleep(poll_seconds)
-            waited += poll_seconds
-        try:
-            get_runtime().settings()
-        except ConfigurationError as exc:
-            print(f"litellm_ratebalance: refusing to start, {exc}", file=sys.stderr, flush=True)
-            os._exit(EXIT_CONFIG)
-
-    task = loop.create_task(check())
-    _background_tasks.add(task)
-    task.add_done_callback(_background_tasks.discard)
-
-
-_background_tasks: set[asyncio.Task[None]] = set()
-
-
 def is_store_error(exc: BaseException) -> bool:
     return isinstance(exc, StoreError)
