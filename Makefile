@@ -42,7 +42,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 demo: $(STAMP)
-	$(PY) -m litellm_ratebalance.simulate.demo $(if $(REPLICAS),--replicas $(REPLICAS),)
+	$(PY) -m litellm_ratebalance.demo $(DEMO_ARGS)
 
 bench: $(STAMP) redis-server
 	$(PY) bench/run_all.py $(BENCH_ARGS)

@@ -1,0 +1,3 @@
+from litellm_ratebalance.demo.run import main
+
+raise SystemExit(main())

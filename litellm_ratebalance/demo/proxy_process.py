@@ -1,0 +1,128 @@
+"""Start and stop a real ``litellm`` proxy process on loopback (demo, benchmarks, end-to-end tests)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+__all__ = ["ProxyProcess", "free_port"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _litellm_executable() -> str:
+    candidate = Path(sys.executable).with_name("litellm")
+    return str(candidate) if candidate.exists() else "litellm"
+
+
+class ProxyProcess:
+    """One proxy: ``config`` (a config.yaml as a dict) is written into ``workdir`` with any ``files``
+    (e.g. a custom_auth module) beside it; the proxy runs in its own process group on 127.0.0.1."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        workdir: Path,
+        *,
+        files: dict[str, str] | None = None,
+        port: int | None = None,
+        master_key: str | None = None,
+        env: dict[str, str] | None = None,
+        log_name: str = "proxy.log",
+    ) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.master_key = master_key or "sk-" + secrets.token_hex(16)
+        config = dict(config)
+        general = dict(config.get("general_settings") or {})
+        general.setdefault("master_key", self.master_key)
+        config["general_settings"] = general
+        self.config = config
+        self.files = files or {}
+        self.env = env or {}
+        self.log_path = workdir / log_name
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 90.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config_path = self.workdir / "config.yaml"
+        config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        for name, text in self.files.items():
+            (self.workdir / name).write_text(text)
+        env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", PYTHONUNBUFFERED="1", **self.env)
+        env.setdefault("LITELLM_LOG", "ERROR")
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [_litellm_executable(), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=self.workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"the proxy exited with {self.process.returncode}; log:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.base_url}/health/liveliness", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"the proxy did not become ready in {timeout:.0f}s; log:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        self.process = None
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(timeout=10)
+
+    def __enter__(self) -> ProxyProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
