@@ -1,27 +1,254 @@
-"""Contract store operations (placeholder: filled in by the contracts work).
+"""Traffic-contract counters: the store operations behind the traffic-contract tracker.
 
-Contract: a Protocol of atomic operations, a Redis implementation (one packaged Lua script per
-operation) and an in-memory implementation with the same semantics. Both are mixed into
-:class:`~litellm_ratebalance.store.redis.RedisStore` / :class:`~litellm_ratebalance.store.memory.MemoryStore`.
+Two atomic operations (one Redis round trip each, normally):
+
+* :meth:`ContractStore.contract_admit`, before the call: classify the request's RPM and TPM modes
+  against its feature's and the basket's contract in the current fixed window and, unless its worst
+  mode is one the caller rejects, count it (1 request, its token estimate in flight). Check and count
+  are one step, so concurrent requests cannot all see the same count (the race of a read-then-write).
+* :meth:`ContractStore.contract_settle`, after the call: release the estimate and record the actual
+  tokens in the window the request was counted in.
+
+Layout (both backends; see :class:`~litellm_ratebalance.contracts.policy.ContractLedger`): per window two
+hashes, ``{prefix}:traffic_contract:rpm:{<start>}`` and ``...:tpm:{<start>}``, with one field per
+feature (escaped with :func:`~litellm_ratebalance.store.keys.escape_name`) and ``__basket__``; the TPM
+hash also holds ``<field>:inflight``. The window start is the hash tag, so both hashes of a window live
+on one cluster slot. Keys expire at ``start + counter_ttl_seconds``.
+
+Clock: Redis server ``TIME`` decides the window. The client only guesses which window's keys to send
+(its clock corrected by the offset it has learnt from Redis' replies); a wrong guess costs one more
+round trip, never a wrong count.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import threading
+import time
+from collections.abc import Callable, Collection
+from typing import Any, Protocol
 
-__all__ = ["ContractStore", "MemoryContractStore", "RedisContractStore"]
+from redis.exceptions import RedisError
+
+from litellm_ratebalance.contracts.policy import (
+    BASKET_FIELD,
+    ContractAdmission,
+    ContractLedger,
+    ContractLimits,
+    ContractSettlement,
+    ContractWindow,
+    Mode,
+)
+from litellm_ratebalance.contracts.policy import window_start as window_start_of
+from litellm_ratebalance.errors import StoreError
+from litellm_ratebalance.store._scripts import ScriptRunner
+from litellm_ratebalance.store.keys import KeySpace
+
+__all__ = [
+    "ContractAdmission",
+    "ContractSettlement",
+    "ContractStore",
+    "ContractWindow",
+    "MemoryContractStore",
+    "RedisContractStore",
+]
+
+_INFLIGHT_SUFFIX = ":inflight"
+_MAX_WINDOW_ATTEMPTS = 3
 
 
 class ContractStore(Protocol):
-    """Operations of this part (none yet)."""
+    async def contract_admit(
+        self,
+        feature: str,
+        limits: ContractLimits,
+        estimate_tokens: int,
+        *,
+        window_seconds: int,
+        ttl_seconds: int,
+        reject_modes: Collection[Mode] = (),
+    ) -> ContractAdmission:
+        """Classify one request of ``feature`` and count it unless its worst mode is in ``reject_modes``."""
+        ...
+
+    async def contract_settle(
+        self, feature: str, window_start: int, release_tokens: int, actual_tokens: int
+    ) -> ContractSettlement:
+        """Release ``release_tokens`` of in-flight estimate and record ``actual_tokens`` in that window."""
+        ...
+
+    async def contract_window(self, window_seconds: int, window_start: int | None = None) -> ContractWindow | None:
+        """The counters of one window (the current one by the store's clock when ``window_start`` is
+        None), keyed by counter field; ``None`` if nothing was counted in it or it has expired."""
+        ...
+
+
+def _field(keys: KeySpace, feature: str) -> str:
+    field_name = keys.field(feature)
+    if field_name == BASKET_FIELD:
+        raise ValueError(f"{BASKET_FIELD!r} is the basket counter, not a feature name")
+    return field_name
+
+
+def _limit(value: int | None) -> int:
+    return -1 if value is None else int(value)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _window_from_hashes(start: int, rpm: dict[Any, Any], tpm: dict[Any, Any]) -> ContractWindow | None:
+    if not rpm and not tpm:
+        return None
+    requests = {_text(k): int(_text(v)) for k, v in rpm.items()}
+    tokens: dict[str, int] = {}
+    in_flight: dict[str, int] = {}
+    for raw_name, raw_value in tpm.items():
+        name, value = _text(raw_name), int(_text(raw_value))
+        if name.endswith(_INFLIGHT_SUFFIX):
+            in_flight[name[: -len(_INFLIGHT_SUFFIX)]] = value
+        else:
+            tokens[name] = value
+    return ContractWindow(start, requests, tokens, in_flight)
 
 
 class RedisContractStore:
-    """Redis implementation (uses ``self._runner`` and ``self._keys``)."""
+    """Contract counters over Redis: ``contract_admit.lua`` / ``contract_settle.lua``."""
+
+    _runner: ScriptRunner
+    _keys: KeySpace
+    _contract_clock_offset_ms: int = 0
+    """Redis TIME minus this host's clock, as last seen; only used to guess the current window's keys."""
+
+    def _guess_window(self, window_seconds: int) -> int:
+        return window_start_of(int(time.time() * 1000) + self._contract_clock_offset_ms, window_seconds)
+
+    async def contract_admit(
+        self,
+        feature: str,
+        limits: ContractLimits,
+        estimate_tokens: int,
+        *,
+        window_seconds: int,
+        ttl_seconds: int,
+        reject_modes: Collection[Mode] = (),
+    ) -> ContractAdmission:
+        field_name = _field(self._keys, feature)
+        start = self._guess_window(window_seconds)
+        for _ in range(_MAX_WINDOW_ATTEMPTS):
+            args: list[object] = [
+                start,
+                int(window_seconds),
+                int(ttl_seconds),
+                field_name,
+                _limit(limits.feature_rpm),
+                _limit(limits.feature_tpm),
+                _limit(limits.basket_rpm),
+                _limit(limits.basket_tpm),
+                max(0, int(estimate_tokens)),
+                1 if Mode.BORROWED in reject_modes else 0,
+                1 if Mode.DEGRADED in reject_modes else 0,
+            ]
+            keys = [self._keys.contract_window("rpm", start), self._keys.contract_window("tpm", start)]
+            reply = await self._runner.run("contract_admit", keys, args)
+            now_ms, server_start = int(reply[1]), int(reply[2])
+            self._contract_clock_offset_ms = now_ms - int(time.time() * 1000)
+            if int(reply[0]) == 1:
+                rpm_mode, tpm_mode, counted, f_req, b_req, f_tok, b_tok = (int(v) for v in reply[3:10])
+                return ContractAdmission(
+                    now_ms=now_ms,
+                    window_start=server_start,
+                    window_seconds=window_seconds,
+                    rpm_mode=Mode(rpm_mode),
+                    tpm_mode=Mode(tpm_mode),
+                    counted=bool(counted),
+                    feature_requests=f_req,
+                    basket_requests=b_req,
+                    feature_tokens=f_tok,
+                    basket_tokens=b_tok,
+                )
+            start = server_start  # our guess was another window: retry on the one Redis says is current
+        raise StoreError("traffic contract window kept moving between attempts (clock skew?)")
+
+    async def contract_settle(
+        self, feature: str, window_start: int, release_tokens: int, actual_tokens: int
+    ) -> ContractSettlement:
+        field_name = _field(self._keys, feature)
+        reply = await self._runner.run(
+            "contract_settle",
+            [self._keys.contract_window("tpm", window_start)],
+            [field_name, max(0, int(release_tokens)), max(0, int(actual_tokens))],
+        )
+        applied, f_tok, b_tok = (int(v) for v in reply)
+        return ContractSettlement(bool(applied), f_tok, b_tok)
+
+    async def contract_window(self, window_seconds: int, window_start: int | None = None) -> ContractWindow | None:
+        client = self._runner.client
+        try:
+            if window_start is None:
+                seconds, _micros = await client.time()
+                window_start = (int(seconds) // window_seconds) * window_seconds
+            rpm = await client.hgetall(self._keys.contract_window("rpm", window_start))
+            tpm = await client.hgetall(self._keys.contract_window("tpm", window_start))
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"reading traffic contract counters failed: {type(exc).__name__}") from exc
+        return _window_from_hashes(window_start, rpm, tpm)
 
 
 class MemoryContractStore:
-    """In-memory implementation (uses ``self._clock`` and ``self._lock``)."""
+    """Contract counters in process memory: the policy's :class:`ContractLedger` under one lock.
+
+    Fields are escaped exactly as in Redis, so :meth:`contract_window` reads the same on both backends.
+    """
+
+    _clock: Callable[[], float]
+    _lock: threading.Lock
+    _keys: KeySpace
+    _contract_ledger: ContractLedger
 
     def _init_contracts(self) -> None:
-        """Create this part's in-memory state; called by ``MemoryStore.__init__``."""
+        self._contract_ledger = ContractLedger()
+
+    def _contract_now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    async def contract_admit(
+        self,
+        feature: str,
+        limits: ContractLimits,
+        estimate_tokens: int,
+        *,
+        window_seconds: int,
+        ttl_seconds: int,
+        reject_modes: Collection[Mode] = (),
+    ) -> ContractAdmission:
+        field_name = _field(self._keys, feature)
+        with self._lock:
+            return self._contract_ledger.admit(
+                now_ms=self._contract_now_ms(),
+                window_seconds=window_seconds,
+                ttl_seconds=ttl_seconds,
+                field_name=field_name,
+                limits=limits,
+                estimate_tokens=estimate_tokens,
+                reject_modes=reject_modes,
+            )
+
+    async def contract_settle(
+        self, feature: str, window_start: int, release_tokens: int, actual_tokens: int
+    ) -> ContractSettlement:
+        field_name = _field(self._keys, feature)
+        with self._lock:
+            return self._contract_ledger.settle(
+                now_ms=self._contract_now_ms(),
+                window_start=window_start,
+                field_name=field_name,
+                release_tokens=release_tokens,
+                actual_tokens=actual_tokens,
+            )
+
+    async def contract_window(self, window_seconds: int, window_start: int | None = None) -> ContractWindow | None:
+        with self._lock:
+            now_ms = self._contract_now_ms()
+            start = window_start if window_start is not None else window_start_of(now_ms, window_seconds)
+            return self._contract_ledger.window(now_ms=now_ms, window_start=start)
