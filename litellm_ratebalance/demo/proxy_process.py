@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -112,10 +113,8 @@ class ProxyProcess:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=10)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             process.wait(timeout=10)
 
     def __enter__(self) -> ProxyProcess:
