@@ -1,11 +1,151 @@
-"""Settings of the routing part (``litellm_settings.ratebalance.routing``)."""
+"""Settings of the routing part (``litellm_settings.ratebalance.routing``).
+
+Three settings also come from the proposal's environment variables when the config does not set them
+(the config wins): ``RB_LLM_CLIENT_SLIDING_WINDOW_SIZE`` (``window_seconds``),
+``RB_LLM_CLIENT_INPUT_TO_OUTPUT_TOKEN_RATIO`` (``input_to_output_ratio``) and
+``RB_LLM_CLIENT_RATE_GREEDINESS_FACTOR`` (``greediness``).
+"""
 
 from __future__ import annotations
 
+import math
+import os
+import warnings
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
 from litellm_ratebalance._config_base import SettingsModel
 
-__all__ = ["RoutingSettings"]
+__all__ = ["ENVIRONMENT_VARIABLES", "RoutingSettings"]
+
+Ratio = Annotated[float, Field(gt=0.0, le=1e9)]
+
+ENVIRONMENT_VARIABLES: dict[str, str] = {
+    "window_seconds": "RB_LLM_CLIENT_SLIDING_WINDOW_SIZE",
+    "input_to_output_ratio": "RB_LLM_CLIENT_INPUT_TO_OUTPUT_TOKEN_RATIO",
+    "greediness": "RB_LLM_CLIENT_RATE_GREEDINESS_FACTOR",
+}
+"""Setting name -> the proposal's environment variable read when the config leaves the setting out."""
+
+_MAX_BUCKETS = 1200
+_WINDOW_LIMIT = 86_400
 
 
 class RoutingSettings(SettingsModel):
-    """Placeholder: the routing work defines the fields."""
+    """How the rate balancer measures deployments and turns the measurements into choice weights."""
+
+    window_seconds: Annotated[int, Field(ge=0, le=_WINDOW_LIMIT)] = 120
+    """Sliding window of samples. 0: no statistics at all, every choice is uniform (unordered round robin)."""
+    bucket_seconds: Annotated[int, Field(ge=1, le=3600)] | None = None
+    """Width of the time buckets the window is kept in (a sample leaves the window between
+    ``window_seconds`` and ``window_seconds + bucket_seconds`` after it was stored). Default: 1 s per 60 s
+    of window (2 s for the default window)."""
+    input_to_output_ratio: Ratio = 250.0
+    """How many input tokens count as one output token in the effective rate."""
+    input_to_output_ratio_by_model_group: dict[str, Ratio] = Field(default_factory=dict)
+    """Per model group overrides; a deployment's ``model_info.input_to_output_ratio`` wins over both."""
+    greediness: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    """Percentile of the pooled samples that a deployment must beat (the SLA). 0: uniform choice."""
+    estimator: Literal["normal", "empirical"] = "normal"
+    """``normal``: probability from a normal fit of the deployment's rates (the proposal); ``empirical``:
+    the share of its own samples above the SLA."""
+    refresh_interval: Annotated[float, Field(ge=0.01, le=300.0)] = 1.0
+    """Seconds between synchronisations of the local view with the shared store (writes and reads)."""
+    exploration_share: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
+    """Part of the traffic spread evenly over all candidates whatever their estimates, so a deployment
+    that looked bad is tried again and its recovery seen."""
+    failure_window_seconds: Annotated[int, Field(ge=1, le=3600)] = 10
+    """Recent window in which the failure share of a deployment is measured."""
+    failure_penalty: Annotated[float, Field(ge=0.0, le=100.0)] = 4.0
+    """Weight multiplier ``(1 - recent failure share) ** failure_penalty``; 0 disables it. Failures are also
+    zero-rate samples in the window either way."""
+    rate_limit_headroom: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
+    """Below this fraction of a rate limit left (provider headers, or configured tpm/rpm against the last
+    minute's usage) a deployment's share is scaled down linearly, to 0 at exhaustion. 0 disables it."""
+    rate_limit_header_max_age_seconds: Annotated[float, Field(ge=1.0, le=3600.0)] = 60.0
+    """A deployment's latest ``x-ratelimit-*`` headers are trusted this long (or until their reset time)."""
+    stall_latency_factor: Annotated[float, Field(ge=0.0, le=1000.0)] = 4.0
+    """A request in flight longer than this many times the deployment's mean latency (and at least
+    ``stall_min_seconds``) counts as a recent failure until it finishes. 0 disables stall detection."""
+    stall_min_seconds: Annotated[float, Field(ge=0.1, le=3600.0)] = 10.0
+    adaptive_window: bool = False
+    """Use, per deployment, only its newest buckets that hold ``adaptive_min_samples`` samples (at most
+    ``window_seconds``): busy deployments are judged on recent samples, quiet ones keep their history."""
+    adaptive_min_samples: Annotated[int, Field(ge=2, le=1_000_000)] = 30
+
+    @model_validator(mode="before")
+    @classmethod
+    def _environment_fallbacks(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        merged = dict(data)
+        for name, variable in ENVIRONMENT_VARIABLES.items():
+            raw = os.environ.get(variable)
+            if name in merged or raw is None or not raw.strip():
+                continue
+            merged[name] = _from_environment(name, variable, raw)
+        return merged
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RoutingSettings:
+        if self.window_seconds and self.window_seconds / self.effective_bucket_seconds > _MAX_BUCKETS:
+            raise ValueError(
+                f"window_seconds / bucket_seconds must be at most {_MAX_BUCKETS} "
+                f"(got {self.window_seconds} / {self.effective_bucket_seconds}); raise bucket_seconds"
+            )
+        if self.greediness < 0.2:
+            warnings.warn(
+                f"ratebalance.routing.greediness is very low ({self.greediness} < 0.2): every deployment is "
+                "likely to beat the SLA, so the rate balancer behaves as unordered round robin",
+                UserWarning,
+                stacklevel=2,
+            )
+        elif self.greediness > 0.95:
+            warnings.warn(
+                f"ratebalance.routing.greediness is very high ({self.greediness} > 0.95): only the deployment "
+                "that reached the highest rates is likely to beat the SLA, so routing can stick to a local "
+                "maximum for a whole window",
+                UserWarning,
+                stacklevel=2,
+            )
+        return self
+
+    @property
+    def effective_bucket_seconds(self) -> int:
+        """``bucket_seconds``, or its default: 1 s per 60 s of window (at least 1)."""
+        if self.bucket_seconds is not None:
+            return self.bucket_seconds
+        return max(1, self.window_seconds // 60)
+
+    @property
+    def round_robin(self) -> bool:
+        """True when the settings ask for uniform choice (window 0 or greediness 0)."""
+        return self.window_seconds == 0 or self.greediness == 0.0
+
+    def ratio_for(self, model_group: str, deployment_ratio: float | None = None) -> float:
+        """Input-to-output ratio: the deployment's own, else the model group's override, else the default."""
+        if deployment_ratio is not None and deployment_ratio > 0:
+            return deployment_ratio
+        return self.input_to_output_ratio_by_model_group.get(model_group, self.input_to_output_ratio)
+
+
+def _from_environment(name: str, variable: str, raw: str) -> float | int:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {variable}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"environment variable {variable}={raw!r} is not a finite number")
+    if name == "window_seconds":
+        if value != int(value) or not 0 <= value <= _WINDOW_LIMIT:
+            raise ValueError(
+                f"environment variable {variable}={raw!r}: must be a whole number of seconds between 0 and "
+                f"{_WINDOW_LIMIT}"
+            )
+        return int(value)
+    if name == "greediness" and not 0.0 <= value <= 1.0:
+        raise ValueError(f"environment variable {variable}={raw!r}: must be between 0 and 1")
+    if name == "input_to_output_ratio" and not value > 0:
+        raise ValueError(f"environment variable {variable}={raw!r}: must be greater than 0")
+    return value

@@ -1,0 +1,579 @@
+"""The rate balancer's core, independent of LiteLLM: choose a deployment, record how it went.
+
+Request path (:meth:`RateBalancer.choose`): no store round trip. Each model group has a local view, the
+window aggregates of the last sync, from which the shares of a candidate set are computed once per sync
+(:func:`~litellm_ratebalance.routing.estimator.compute_shares`) and cached; a decision is a cache lookup,
+a staleness check and a weighted draw, O(deployments) whatever the number of samples in the window.
+
+Write-behind (:meth:`RateBalancer.record`): a finished request becomes a sample in the group's pending
+aggregate (fixed size per deployment). When the view is older than ``refresh_interval``, the next choose or
+record starts one background sync per group: one store call that writes the pending aggregates into the
+current time bucket and reads back the buckets this replica has not seen closed, so every replica routes
+from the same picture (give or take one refresh interval).
+
+Local only (per replica): the requests in flight, used for stall detection, a request in flight much
+longer than the deployment's mean latency counts as a recent failure until it finishes.
+
+Not thread-safe: one instance belongs to one event loop (LiteLLM's proxy and async SDK calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple, cast
+
+from litellm_ratebalance.routing.config import RoutingSettings
+from litellm_ratebalance.routing.estimator import (
+    DeploymentState,
+    RateAggregate,
+    RateLimitObservation,
+    Shares,
+    compute_shares,
+    effective_rate,
+    headroom_multiplier,
+)
+
+if TYPE_CHECKING:
+    from litellm_ratebalance.store.routing import RoutingSnapshot, RoutingStore
+
+__all__ = ["Candidate", "DeploymentEstimate", "RateBalancer"]
+
+logger = logging.getLogger("litellm_ratebalance")
+
+_USAGE_WINDOW_MS = 60_000
+"""Configured tpm / rpm are per minute: usage is summed over the last minute of buckets."""
+_MAX_IN_FLIGHT = 4096
+_MAX_CACHED_SETS = 64
+_MAX_STALL_SCAN = 1024
+
+
+class Candidate(NamedTuple):
+    """One deployment a request may go to."""
+
+    id: str
+    input_to_output_ratio: float | None = None
+    """The deployment's own ratio (e.g. ``model_info.input_to_output_ratio``); None: the group's."""
+    tpm: float | None = None
+    """Configured tokens per minute; the share shrinks as the last minute's usage nears it."""
+    rpm: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentEstimate:
+    """What the balancer currently believes about one deployment (for status output and metrics)."""
+
+    deployment_id: str
+    share: float | None
+    """Choice probability among the candidate set asked about (None when not a candidate)."""
+    probability: float | None
+    """Estimated probability of beating the SLA (None in bootstrap / round-robin mode)."""
+    samples: int
+    failures: int
+    mean_rate: float
+    std_rate: float
+    mean_latency: float | None
+    mean_ttft: float | None
+    recent_attempts: int
+    recent_failures: int
+    tokens_last_minute: int
+    requests_last_minute: int
+    capacity: float
+    in_flight: int
+    mode: str
+    sla: float | None
+
+
+class _Derived:
+    """What a sync leaves for the decisions until the next one."""
+
+    __slots__ = ("now_ms", "recent", "stall_after", "usage", "window", "window_full")
+
+    def __init__(self) -> None:
+        self.now_ms = 0
+        self.window: dict[str, RateAggregate] = {}
+        """Per deployment: the samples the estimator uses (adaptive window when enabled)."""
+        self.window_full: dict[str, RateAggregate] = {}
+        self.recent: dict[str, RateAggregate] = {}
+        self.usage: dict[str, RateAggregate] = {}
+        self.stall_after: dict[str, float] = {}
+        """Per deployment: seconds in flight after which a request counts as stalled."""
+
+
+class _GroupView:
+    __slots__ = (
+        "buckets",
+        "cache",
+        "closed_through",
+        "derived",
+        "in_flight",
+        "last_sync",
+        "limits",
+        "offset",
+        "pending",
+        "pending_limits",
+        "pending_since",
+        "ratios",
+        "syncing",
+    )
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, dict[str, RateAggregate]] = {}
+        self.limits: dict[str, RateLimitObservation] = {}
+        self.closed_through: int | None = None
+        """Every bucket up to this index is final in ``buckets`` (no replica can write to it any more)."""
+        self.offset = 0.0
+        """Store clock minus local clock, seconds, as of the last sync."""
+        self.last_sync = float("-inf")
+        self.syncing = False
+        self.pending: dict[str, RateAggregate] = {}
+        self.pending_limits: dict[str, RateLimitObservation] = {}
+        self.pending_since: float | None = None
+        self.in_flight: dict[str, deque[float]] = {}
+        self.ratios: dict[str, float] = {}
+        self.derived = _Derived()
+        self.cache: dict[tuple[Candidate, ...], Shares] = {}
+
+
+class RateBalancer:
+    """Rate-balanced choice among deployments, from statistics shared through a :class:`RoutingStore`.
+
+    ``store`` may be a callable returning the store (resolved at each sync: the proxy's store is found
+    lazily). ``clock`` gives local seconds (injectable for tests); store-side times come from the store.
+    ``on_store_error`` is called with the exception when a sync fails (the view then stays as it was and
+    pending samples are kept for the next sync).
+    """
+
+    def __init__(
+        self,
+        store: RoutingStore | Callable[[], RoutingStore],
+        settings: RoutingSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        on_store_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.settings = settings or RoutingSettings()
+        self._store = store
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._on_store_error = on_store_error
+        self._views: dict[str, _GroupView] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        s = self.settings
+        self._round_robin = s.round_robin
+        self._bucket_ms = s.effective_bucket_seconds * 1000
+        self._window_ms = s.window_seconds * 1000
+        self._recent_ms = s.failure_window_seconds * 1000
+        keep_ms = max(self._window_ms, self._recent_ms, _USAGE_WINDOW_MS)
+        self._retention_buckets = -(-keep_ms // self._bucket_ms) + 1
+        # A bucket must outlive the window it may be read for, plus a refresh interval of slack.
+        self._bucket_ttl_ms = keep_ms + 2 * self._bucket_ms + int(s.refresh_interval * 1000)
+        self._limits_ttl_ms = int(s.rate_limit_header_max_age_seconds * 1000) + int(s.refresh_interval * 1000)
+        self._last_error_log = float("-inf")
+
+    # -- request path ---------------------------------------------------------------------------------
+    def choose(self, model_group: str, candidates: Sequence[Candidate]) -> int:
+        """Index in ``candidates`` of the deployment to use; the pick is counted as in flight until
+        :meth:`record` is called for that deployment. Never awaits, never touches the store."""
+        n = len(candidates)
+        if n == 0:
+            raise ValueError("choose() needs at least one candidate")
+        if self._round_robin:
+            return self._rng.randrange(n) if n > 1 else 0
+        now = self._clock()
+        view = self._view(model_group)
+        self._maybe_sync(model_group, view, now)
+        if n == 1:
+            index = 0
+        else:
+            shares = self._shares(view, candidates, now).shares
+            index = self._draw(shares)
+        chosen = candidates[index]
+        if chosen.input_to_output_ratio is not None:
+            view.ratios[chosen.id] = chosen.input_to_output_ratio
+        if self.settings.stall_latency_factor > 0:
+            queue = view.in_flight.get(chosen.id)
+            if queue is None:
+                queue = view.in_flight[chosen.id] = deque(maxlen=_MAX_IN_FLIGHT)
+            queue.append(now)
+        return index
+
+    def record(
+        self,
+        model_group: str,
+        deployment_id: str,
+        *,
+        latency: float,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        ok: bool = True,
+        ttft: float | None = None,
+        input_to_output_ratio: float | None = None,
+        rate_limits: RateLimitObservation | None = None,
+    ) -> None:
+        """Record one finished request (``ok=False`` for an error, timeout or 429: a zero-rate sample).
+
+        ``ttft``: time to first token of a stream, seconds. ``rate_limits``: the response's
+        ``x-ratelimit-*`` headers. Cheap and synchronous; the sample reaches the store at the next sync.
+        """
+        if self._round_robin:
+            return
+        now = self._clock()
+        view = self._view(model_group)
+        queue = view.in_flight.get(deployment_id)
+        if queue:
+            # Requests do not finish in order; the oldest start is the one whose age misleads most.
+            queue.popleft()
+        ratio = self.settings.ratio_for(model_group, input_to_output_ratio or view.ratios.get(deployment_id))
+        rate = effective_rate(output_tokens, input_tokens, latency, ratio) if ok else 0.0
+        aggregate = view.pending.get(deployment_id)
+        if aggregate is None:
+            aggregate = view.pending[deployment_id] = RateAggregate()
+        aggregate.add(rate, ok=ok, latency=latency, tokens=input_tokens + output_tokens, ttft=ttft)
+        if rate_limits is not None:
+            view.pending_limits[deployment_id] = rate_limits
+        if view.pending_since is None:
+            view.pending_since = now
+        self._maybe_sync(model_group, view, now)
+
+    # -- status ---------------------------------------------------------------------------------------
+    def weights(self, model_group: str, candidates: Sequence[Candidate] | None = None) -> dict[str, float]:
+        """Current choice probability per deployment id (all deployments seen, when no candidates)."""
+        candidates = self._candidates_or_known(model_group, candidates)
+        if not candidates:
+            return {}
+        if self._round_robin:
+            return {c.id: 1.0 / len(candidates) for c in candidates}
+        shares = self._shares(self._view(model_group), candidates, self._clock())
+        return {c.id: share for c, share in zip(candidates, shares.shares, strict=True)}
+
+    def estimates(
+        self, model_group: str, candidates: Sequence[Candidate] | None = None
+    ) -> dict[str, DeploymentEstimate]:
+        """Per deployment: samples, mean / spread of its rates, failures, capacity, share and mode."""
+        candidates = self._candidates_or_known(model_group, candidates)
+        view = self._view(model_group)
+        if not candidates:
+            return {}
+        now = self._clock()
+        if self._round_robin:
+            shares = Shares((1.0 / len(candidates),) * len(candidates), "round_robin", None, (1.0,) * len(candidates))
+        else:
+            shares = self._shares(view, candidates, now)
+        derived = view.derived
+        empty = RateAggregate()
+        out: dict[str, DeploymentEstimate] = {}
+        for i, c in enumerate(candidates):
+            window = derived.window.get(c.id, empty)
+            recent = derived.recent.get(c.id, empty)
+            usage = derived.usage.get(c.id, empty)
+            out[c.id] = DeploymentEstimate(
+                deployment_id=c.id,
+                share=shares.shares[i],
+                probability=shares.probabilities[i] if shares.mode == "weighted" else None,
+                samples=window.count,
+                failures=window.failures,
+                mean_rate=window.mean,
+                std_rate=window.std,
+                mean_latency=window.mean_ok_latency,
+                mean_ttft=window.mean_ttft,
+                recent_attempts=recent.count,
+                recent_failures=recent.failures,
+                tokens_last_minute=usage.tokens,
+                requests_last_minute=usage.count,
+                capacity=self._capacity(view, c),
+                in_flight=len(view.in_flight.get(c.id, ())),
+                mode=shares.mode,
+                sla=shares.sla,
+            )
+        return out
+
+    def model_groups(self) -> list[str]:
+        return sorted(self._views)
+
+    # -- synchronisation ------------------------------------------------------------------------------
+    async def refresh(self, model_group: str) -> None:
+        """Sync one model group with the store now (tests, status output, a warm-up)."""
+        await self._sync(model_group, self._view(model_group))
+
+    async def refresh_all(self) -> None:
+        for model_group in list(self._views):
+            await self.refresh(model_group)
+
+    async def aclose(self) -> None:
+        """Flush what is pending and wait for background syncs (shutdown, tests)."""
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        for model_group, view in list(self._views.items()):
+            if view.pending or view.pending_limits:
+                await self._sync(model_group, view)
+
+    def _maybe_sync(self, model_group: str, view: _GroupView, now: float) -> None:
+        if view.syncing or now - view.last_sync < self.settings.refresh_interval:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside an event loop: refresh() is the way then
+            return
+        view.syncing = True
+        task = loop.create_task(self._sync(model_group, view))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sync(self, model_group: str, view: _GroupView) -> None:
+        view.syncing = True
+        deltas, view.pending = view.pending, {}
+        limits, view.pending_limits = view.pending_limits, {}
+        pending_since, view.pending_since = view.pending_since, None
+        try:
+            store = self._resolve_store()
+            snapshot: RoutingSnapshot | None = None
+            for _ in range(2):
+                first, last = self._bucket_range(view)
+                snapshot = await store.routing_sync(
+                    model_group,
+                    deltas,
+                    limits,
+                    first_bucket=first,
+                    last_bucket=last,
+                    bucket_ms=self._bucket_ms,
+                    bucket_ttl_ms=self._bucket_ttl_ms,
+                    limits_ttl_ms=self._limits_ttl_ms,
+                )
+                view.offset = snapshot.now_ms / 1000.0 - self._clock()
+                limits = {}
+                if snapshot.written:
+                    break
+            assert snapshot is not None
+            if not snapshot.written:
+                self._keep_pending(view, deltas, {}, pending_since)
+            self._apply(view, snapshot)
+        except Exception as exc:
+            self._keep_pending(view, deltas, limits, pending_since)
+            self._store_error(exc)
+        finally:
+            view.last_sync = self._clock()
+            view.syncing = False
+
+    def _resolve_store(self) -> RoutingStore:
+        if hasattr(self._store, "routing_sync"):
+            return cast("RoutingStore", self._store)
+        factory: Callable[[], RoutingStore] = self._store  # type: ignore[assignment]
+        return factory()
+
+    def _bucket_range(self, view: _GroupView) -> tuple[int, int]:
+        current = int((self._clock() + view.offset) * 1000) // self._bucket_ms
+        oldest = current - self._retention_buckets
+        first = oldest if view.closed_through is None else max(view.closed_through + 1, oldest)
+        # One bucket ahead: the guess of the store's clock may lag by a little.
+        return min(first, current + 1), current + 1
+
+    def _keep_pending(
+        self,
+        view: _GroupView,
+        deltas: Mapping[str, RateAggregate],
+        limits: Mapping[str, RateLimitObservation],
+        pending_since: float | None,
+    ) -> None:
+        # Keep unsent samples for the next sync, unless they are older than the window by then anyway.
+        if pending_since is not None and self._clock() - pending_since > self.settings.window_seconds:
+            return
+        for deployment_id, delta in deltas.items():
+            target = view.pending.get(deployment_id)
+            if target is None:
+                view.pending[deployment_id] = delta
+            else:
+                target.merge(delta)
+        for deployment_id, obs in limits.items():
+            view.pending_limits.setdefault(deployment_id, obs)
+        if deltas and pending_since is not None:
+            view.pending_since = min(pending_since, view.pending_since or pending_since)
+
+    def _store_error(self, exc: BaseException) -> None:
+        if self._on_store_error is not None:
+            try:
+                self._on_store_error(exc)
+            except Exception:  # a reporting hook must never break routing
+                logger.exception("litellm_ratebalance routing: on_store_error hook failed")
+            return
+        now = time.monotonic()
+        if now - self._last_error_log >= 30.0:
+            self._last_error_log = now
+            logger.warning("litellm_ratebalance routing: store sync failed, routing on the last view: %s", exc)
+
+    def _apply(self, view: _GroupView, snapshot: RoutingSnapshot) -> None:
+        for index in range(snapshot.first_bucket, snapshot.last_bucket + 1):
+            data = snapshot.buckets.get(index)
+            if data:
+                view.buckets[index] = data
+            else:
+                view.buckets.pop(index, None)
+        current = snapshot.now_ms // self._bucket_ms
+        view.closed_through = min(snapshot.last_bucket, current - 1)
+        oldest = current - self._retention_buckets
+        for index in [i for i in view.buckets if i < oldest]:
+            del view.buckets[index]
+        view.limits = snapshot.limits
+        view.derived = self._derive(view.buckets, snapshot.now_ms)
+        view.cache.clear()
+
+    def _derive(self, buckets: Mapping[int, Mapping[str, RateAggregate]], now_ms: int) -> _Derived:
+        """Window, recent and usage aggregates per deployment as of store time ``now_ms``.
+
+        A bucket belongs to a window of length W when it ends after ``now - W``.
+        """
+        derived = _Derived()
+        derived.now_ms = now_ms
+        width = self._bucket_ms
+        adaptive = self.settings.adaptive_window
+        min_samples = self.settings.adaptive_min_samples
+        for index in sorted(buckets, reverse=True):  # newest first, for the adaptive window
+            end = (index + 1) * width
+            in_window = end > now_ms - self._window_ms
+            in_recent = end > now_ms - self._recent_ms
+            in_usage = end > now_ms - _USAGE_WINDOW_MS
+            if not (in_window or in_recent or in_usage):
+                continue
+            for deployment_id, agg in buckets[index].items():
+                if in_window:
+                    _add_to(derived.window_full, deployment_id, agg)
+                    if adaptive:
+                        chosen = derived.window.get(deployment_id)
+                        if chosen is None or chosen.count < min_samples:
+                            _add_to(derived.window, deployment_id, agg)
+                if in_recent:
+                    _add_to(derived.recent, deployment_id, agg)
+                if in_usage:
+                    _add_to(derived.usage, deployment_id, agg)
+        if not adaptive:
+            derived.window = derived.window_full
+        s = self.settings
+        for deployment_id, agg in derived.window_full.items():
+            latency = agg.mean_ok_latency
+            stall = s.stall_min_seconds
+            if latency is not None:
+                stall = max(stall, s.stall_latency_factor * latency)
+            derived.stall_after[deployment_id] = stall
+        return derived
+
+    # -- shares ---------------------------------------------------------------------------------------
+    def _shares(self, view: _GroupView, candidates: Sequence[Candidate], now: float) -> Shares:
+        key = tuple(candidates)
+        shares = view.cache.get(key)
+        if shares is None:
+            shares = self._compute(view, candidates, None)
+            if len(view.cache) >= _MAX_CACHED_SETS:
+                view.cache.clear()
+            view.cache[key] = shares
+        if view.in_flight and self.settings.stall_latency_factor > 0:
+            stalled = self._stalled(view, candidates, now)
+            if stalled is not None:
+                return self._compute(view, candidates, stalled)
+        return shares
+
+    def _stalled(self, view: _GroupView, candidates: Sequence[Candidate], now: float) -> list[int] | None:
+        """Per candidate, how many of its requests in flight look stalled; None when none does (fast path)."""
+        found: list[int] | None = None
+        stall_after = view.derived.stall_after
+        default = self.settings.stall_min_seconds
+        for i, c in enumerate(candidates):
+            queue = view.in_flight.get(c.id)
+            if not queue:
+                continue
+            limit = now - stall_after.get(c.id, default)
+            if queue[0] > limit:
+                continue
+            if found is None:
+                found = [0] * len(candidates)
+            count = 0
+            for started in queue:
+                if started > limit or count >= _MAX_STALL_SCAN:
+                    break
+                count += 1
+            found[i] = count
+        return found
+
+    def _compute(self, view: _GroupView, candidates: Sequence[Candidate], stalled: Sequence[int] | None) -> Shares:
+        derived = view.derived
+        empty = RateAggregate()
+        states: list[DeploymentState] = []
+        for i, c in enumerate(candidates):
+            window = derived.window.get(c.id, empty)
+            recent = derived.recent.get(c.id, empty)
+            extra = stalled[i] if stalled is not None else 0
+            states.append(
+                DeploymentState(
+                    window=window,
+                    recent_attempts=recent.count + extra,
+                    recent_failures=recent.failures + extra,
+                    capacity=self._capacity(view, c),
+                )
+            )
+        s = self.settings
+        return compute_shares(
+            states,
+            greediness=s.greediness,
+            estimator=s.estimator,
+            exploration_share=s.exploration_share,
+            failure_penalty=s.failure_penalty,
+        )
+
+    def _capacity(self, view: _GroupView, candidate: Candidate) -> float:
+        headroom = self.settings.rate_limit_headroom
+        if headroom <= 0:
+            return 1.0
+        fractions: list[float] = []
+        obs = view.limits.get(candidate.id)
+        if obs is not None and obs.is_current(view.derived.now_ms, self.settings.rate_limit_header_max_age_seconds):
+            left = obs.fraction_left()
+            if left is not None:
+                fractions.append(left)
+        usage = view.derived.usage.get(candidate.id)
+        if candidate.tpm:
+            fractions.append(1.0 - (usage.tokens if usage else 0) / candidate.tpm)
+        if candidate.rpm:
+            fractions.append(1.0 - (usage.count if usage else 0) / candidate.rpm)
+        return headroom_multiplier(min(fractions), headroom) if fractions else 1.0
+
+    def _draw(self, shares: Sequence[float]) -> int:
+        point = self._rng.random()
+        cumulative = 0.0
+        for index, share in enumerate(shares):
+            cumulative += share
+            if point < cumulative:
+                return index
+        # Rounding left the sum a hair below 1: the last candidate with a share takes the remainder.
+        for index in range(len(shares) - 1, -1, -1):
+            if shares[index] > 0:
+                return index
+        return len(shares) - 1
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def _view(self, model_group: str) -> _GroupView:
+        view = self._views.get(model_group)
+        if view is None:
+            view = self._views[model_group] = _GroupView()
+        return view
+
+    def _candidates_or_known(self, model_group: str, candidates: Sequence[Candidate] | None) -> list[Candidate]:
+        if candidates is not None:
+            return list(candidates)
+        view = self._views.get(model_group)
+        if view is None:
+            return []
+        known = set(view.derived.window_full) | set(view.derived.usage) | set(view.in_flight)
+        return [Candidate(d, view.ratios.get(d)) for d in sorted(known)]
+
+
+def _add_to(target: dict[str, RateAggregate], deployment_id: str, agg: RateAggregate) -> None:
+    existing = target.get(deployment_id)
+    if existing is None:
+        target[deployment_id] = agg.copy()
+    else:
+        existing.merge(agg)

@@ -1,0 +1,440 @@
+"""Pure rate-balancing estimator: window aggregates -> pooled SLA percentile -> weights.
+
+Nothing here does I/O or reads a clock. :class:`~litellm_ratebalance.routing.balancer.RateBalancer` keeps
+the aggregates (from the store) and calls :func:`compute_shares` when it needs the weights of a set of
+candidate deployments.
+
+Definitions (the proposal's meaning, with our additions marked *):
+
+* **effective rate** of one finished request = ``(output_tokens + input_tokens / ratio) / latency`` in
+  tokens per second, ``ratio`` the input-to-output token ratio (250 by default). *A failed request (error,
+  timeout, 429, stall) is a sample with rate 0.
+* *A deployment's window is summarised by a :class:`RateAggregate`: count, failures, sum and sum of
+  squares of the rates, latency, tokens, time-to-first-token, and a fixed log-spaced histogram of rates
+  (:data:`BINS_PER_DECADE` bins per decade from :data:`RATE_FLOOR` up). Aggregates add, so time buckets
+  merge into a window and replicas into one picture, and a decision never walks samples.
+* **SLA** = the ``greediness`` percentile of the pooled samples of all candidates. *It is read from the
+  merged histogram (linear interpolation of ranks as numpy's default, log-linear inside a bin), so it is
+  exact up to the bin width (about 12 %).
+* **weight** = the estimated probability that the deployment's rate exceeds the SLA: ``normal`` fits a
+  normal distribution to the deployment's samples (the proposal), ``empirical`` takes the share of its own
+  samples above the SLA (from its histogram). A normal fit of identical samples (zero spread) gives 1, 1/2
+  or 0 as the mean is above, at or below the SLA (the proposal's code gave such a deployment weight 1).
+* **bootstrap**: while some candidate has no sample in the window every candidate gets the same weight.
+* *failure penalty*: the weight is multiplied by ``(1 - f) ** failure_penalty``, ``f`` the share of the
+  deployment's recent attempts (a shorter window) that failed, so a failing deployment loses its share in
+  seconds rather than after a window.
+* *exploration*: shares are mixed with the uniform distribution, ``share = (1 - e) * share + e / n``, so a
+  deployment with a poor estimate still gets the odd request and its recovery is seen.
+* *capacity*: the share is then multiplied by a headroom factor in 0..1 from provider rate-limit headers
+  and configured tpm/rpm (:func:`headroom_multiplier`); a deployment near exhaustion is avoided (not
+  explored).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "BINS_PER_DECADE",
+    "NUM_BINS",
+    "RATE_FLOOR",
+    "DeploymentState",
+    "EstimatorName",
+    "RateAggregate",
+    "RateLimitObservation",
+    "Shares",
+    "bin_bounds",
+    "bin_index",
+    "compute_shares",
+    "effective_rate",
+    "failure_multiplier",
+    "headroom_multiplier",
+    "parse_reset_seconds",
+    "pooled_percentile",
+    "probability_above",
+]
+
+EstimatorName = Literal["normal", "empirical"]
+
+RATE_FLOOR = 1e-3
+"""Rates below this many tokens per second (failures included) fall into bin 0 and count as 0."""
+BINS_PER_DECADE = 20
+_DECADES = 9
+NUM_BINS = 2 + BINS_PER_DECADE * _DECADES
+"""Bin 0: rate < RATE_FLOOR; bins 1..: log-spaced from RATE_FLOOR; the last bin is open-ended (>= 1e6)."""
+_GROWTH = 10.0 ** (1.0 / BINS_PER_DECADE)
+_LOG_GROWTH = math.log(_GROWTH)
+MIN_LATENCY_SECONDS = 1e-3
+"""Latencies below this are clamped (a zero latency would make the rate infinite)."""
+
+
+def effective_rate(output_tokens: float, input_tokens: float, latency_seconds: float, ratio: float) -> float:
+    """Tokens per second of one finished request: ``(output + input / ratio) / latency``."""
+    return (output_tokens + input_tokens / ratio) / max(latency_seconds, MIN_LATENCY_SECONDS)
+
+
+def bin_index(rate: float) -> int:
+    """Histogram bin of ``rate``; 0 for rates below :data:`RATE_FLOOR` (and for failures)."""
+    if not rate >= RATE_FLOOR:  # also catches NaN
+        return 0
+    index = 1 + int(math.log(rate / RATE_FLOOR) / _LOG_GROWTH)
+    return min(index, NUM_BINS - 1)
+
+
+def bin_bounds(index: int) -> tuple[float, float]:
+    """``(lower, upper)`` rate bounds of a bin; bin 0 is ``(0, 0)`` (its samples count as rate 0)."""
+    if index <= 0:
+        return 0.0, 0.0
+    lower = RATE_FLOOR * _GROWTH ** (index - 1)
+    return lower, lower * _GROWTH
+
+
+class RateAggregate:
+    """Summary of a set of rate samples of one deployment (a time bucket, a window, pending samples).
+
+    Aggregates are added with :meth:`merge`; nothing in them depends on the order of samples. ``bins``
+    maps a bin index to its sample count (only non-empty bins are present).
+    """
+
+    __slots__ = (
+        "bins",
+        "count",
+        "failures",
+        "ok_latency_sum",
+        "rate_sq_sum",
+        "rate_sum",
+        "tokens",
+        "ttft_count",
+        "ttft_sum",
+    )
+
+    def __init__(
+        self,
+        count: int = 0,
+        failures: int = 0,
+        rate_sum: float = 0.0,
+        rate_sq_sum: float = 0.0,
+        ok_latency_sum: float = 0.0,
+        tokens: int = 0,
+        ttft_sum: float = 0.0,
+        ttft_count: int = 0,
+        bins: Mapping[int, int] | None = None,
+    ) -> None:
+        self.count = count
+        """Samples, failures included."""
+        self.failures = failures
+        self.rate_sum = rate_sum
+        self.rate_sq_sum = rate_sq_sum
+        self.ok_latency_sum = ok_latency_sum
+        """Sum of the latencies of the successful samples (seconds)."""
+        self.tokens = tokens
+        """Input + output tokens (for configured tpm)."""
+        self.ttft_sum = ttft_sum
+        self.ttft_count = ttft_count
+        self.bins: dict[int, int] = dict(bins) if bins else {}
+
+    def add(
+        self, rate: float, *, ok: bool = True, latency: float = 0.0, tokens: int = 0, ttft: float | None = None
+    ) -> None:
+        """Add one sample (``rate`` is ignored and 0 is used when ``ok`` is false)."""
+        if not ok or not rate > 0.0:
+            rate = 0.0
+        self.count += 1
+        if ok:
+            self.ok_latency_sum += latency
+        else:
+            self.failures += 1
+        self.rate_sum += rate
+        self.rate_sq_sum += rate * rate
+        self.tokens += tokens
+        if ttft is not None:
+            self.ttft_sum += ttft
+            self.ttft_count += 1
+        index = bin_index(rate)
+        self.bins[index] = self.bins.get(index, 0) + 1
+
+    def merge(self, other: RateAggregate) -> None:
+        """Add ``other``'s samples to this aggregate."""
+        self.count += other.count
+        self.failures += other.failures
+        self.rate_sum += other.rate_sum
+        self.rate_sq_sum += other.rate_sq_sum
+        self.ok_latency_sum += other.ok_latency_sum
+        self.tokens += other.tokens
+        self.ttft_sum += other.ttft_sum
+        self.ttft_count += other.ttft_count
+        bins = self.bins
+        for index, n in other.bins.items():
+            bins[index] = bins.get(index, 0) + n
+
+    def copy(self) -> RateAggregate:
+        return RateAggregate(
+            self.count,
+            self.failures,
+            self.rate_sum,
+            self.rate_sq_sum,
+            self.ok_latency_sum,
+            self.tokens,
+            self.ttft_sum,
+            self.ttft_count,
+            self.bins,
+        )
+
+    @property
+    def mean(self) -> float:
+        return self.rate_sum / self.count if self.count else 0.0
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation of the rates (as the proposal: divide by n)."""
+        if not self.count:
+            return 0.0
+        mean = self.rate_sum / self.count
+        return math.sqrt(max(self.rate_sq_sum / self.count - mean * mean, 0.0))
+
+    @property
+    def mean_ok_latency(self) -> float | None:
+        ok = self.count - self.failures
+        return self.ok_latency_sum / ok if ok > 0 else None
+
+    @property
+    def mean_ttft(self) -> float | None:
+        return self.ttft_sum / self.ttft_count if self.ttft_count else None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RateAggregate):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"RateAggregate(count={self.count}, failures={self.failures}, mean={self.mean:.4g}, "
+            f"std={self.std:.4g}, tokens={self.tokens})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitObservation:
+    """The provider's ``x-ratelimit-*`` headers of a deployment's latest response (``None``: not sent)."""
+
+    remaining_requests: float | None = None
+    remaining_tokens: float | None = None
+    limit_requests: float | None = None
+    limit_tokens: float | None = None
+    reset_seconds: float | None = None
+    """Seconds until the limit resets (the smaller of the two reset headers); the observation is ignored
+    after that."""
+    observed_ms: int = 0
+    """Store clock (Redis ``TIME``) when the observation was written; 0 before it reached the store."""
+
+    def fraction_left(self) -> float | None:
+        """Smallest remaining/limit over requests and tokens; 0 for a reported ``remaining`` of 0 without a
+        limit; ``None`` when nothing usable was reported."""
+        fractions: list[float] = []
+        for remaining, limit in (
+            (self.remaining_requests, self.limit_requests),
+            (self.remaining_tokens, self.limit_tokens),
+        ):
+            if remaining is None:
+                continue
+            if limit is not None and limit > 0:
+                fractions.append(min(max(remaining / limit, 0.0), 1.0))
+            elif remaining <= 0:
+                fractions.append(0.0)
+        return min(fractions) if fractions else None
+
+    def is_current(self, now_ms: int, max_age_seconds: float) -> bool:
+        age_limit = max_age_seconds if self.reset_seconds is None else min(max_age_seconds, self.reset_seconds)
+        return now_ms - self.observed_ms < age_limit * 1000.0
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def parse_reset_seconds(value: object) -> float | None:
+    """Seconds in a reset header: a number (``"12"``, ``1.5``) or a Go duration (``"6m0s"``, ``"20ms"``).
+
+    Returns ``None`` for anything else (negative numbers included).
+    """
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if value >= 0 else None
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        pass
+    else:
+        return number if number >= 0 and math.isfinite(number) else None
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    return sum(float(number) * scale[unit] for number, unit in parts)
+
+
+def pooled_percentile(aggregates: Iterable[RateAggregate], q: float) -> float:
+    """The ``q`` quantile (0..1) of all samples of ``aggregates``, from their merged histograms.
+
+    Rank as numpy's default (``h = q * (n - 1)``); inside a bin the value is interpolated on a log scale
+    (bin 0 is rate 0). Raises ValueError when there are no samples.
+    """
+    merged: dict[int, int] = {}
+    for aggregate in aggregates:
+        for index, n in aggregate.bins.items():
+            merged[index] = merged.get(index, 0) + n
+    return _quantile_of_bins(merged, q)
+
+
+def _quantile_of_bins(bins: Mapping[int, int], q: float) -> float:
+    total = sum(bins.values())
+    if total <= 0:
+        raise ValueError("no samples")
+    rank = q * (total - 1)
+    seen = 0
+    for index in sorted(bins):
+        n = bins[index]
+        if rank < seen + n:
+            if index == 0:
+                return 0.0
+            lower, upper = bin_bounds(index)
+            # The n samples of the bin sit at the midpoints of n equal log-slices of it.
+            position = (rank - seen + 0.5) / n
+            return float(lower * (upper / lower) ** position)
+        seen += n
+    last = max(bins)
+    return bin_bounds(last)[1] if last else 0.0
+
+
+def probability_above(aggregate: RateAggregate, sla: float, estimator: EstimatorName) -> float:
+    """Estimated probability that a request to this deployment beats rate ``sla`` (0 with no samples)."""
+    if aggregate.count <= 0:
+        return 0.0
+    if estimator == "empirical":
+        return _share_above(aggregate, sla)
+    mean = aggregate.mean
+    std = aggregate.std
+    if std <= 1e-12 * max(1.0, abs(mean)):
+        # Identical samples: the normal fit degenerates to a point mass at the mean.
+        if math.isclose(mean, sla, rel_tol=1e-9, abs_tol=1e-12):
+            return 0.5
+        return 1.0 if mean > sla else 0.0
+    return 0.5 * math.erfc((sla - mean) / (std * math.sqrt(2.0)))
+
+
+def _share_above(aggregate: RateAggregate, sla: float) -> float:
+    above = 0.0
+    sla_bin = bin_index(sla) if sla > 0 else 0
+    for index, n in aggregate.bins.items():
+        if index > sla_bin:
+            above += n
+        elif index == sla_bin and index > 0:
+            lower, upper = bin_bounds(index)
+            # Samples spread log-uniformly inside the bin: the part of it above the SLA.
+            above += n * (1.0 - math.log(sla / lower) / math.log(upper / lower))
+    return min(max(above / aggregate.count, 0.0), 1.0)
+
+
+def failure_multiplier(failures: float, attempts: float, penalty: float) -> float:
+    """``(1 - failures/attempts) ** penalty``; 1 with no attempts or no penalty."""
+    if attempts <= 0 or penalty <= 0 or failures <= 0:
+        return 1.0
+    share_ok = max(1.0 - failures / attempts, 0.0)
+    return float(share_ok**penalty)
+
+
+def headroom_multiplier(fraction_left: float | None, headroom: float) -> float:
+    """Scale 0..1 for a deployment with ``fraction_left`` of its rate limit: 1 above ``headroom``, then
+    linear down to 0 at exhaustion (``None``: unknown, 1)."""
+    if fraction_left is None:
+        return 1.0
+    if fraction_left <= 0.0:
+        return 0.0
+    if headroom <= 0.0 or fraction_left >= headroom:
+        return 1.0
+    return fraction_left / headroom
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentState:
+    """What :func:`compute_shares` knows about one candidate."""
+
+    window: RateAggregate
+    """Samples in the window (the adaptive window when enabled)."""
+    recent_attempts: float = 0.0
+    recent_failures: float = 0.0
+    capacity: float = 1.0
+    """Headroom multiplier from rate-limit headers and configured tpm/rpm, 0..1."""
+
+
+Mode = Literal["round_robin", "bootstrap", "weighted"]
+
+
+@dataclass(frozen=True, slots=True)
+class Shares:
+    """The choice probabilities of a candidate set (same order as the candidates), and how they came."""
+
+    shares: tuple[float, ...]
+    mode: Mode
+    sla: float | None
+    probabilities: tuple[float, ...]
+    """The estimator's value per candidate (1.0 each in bootstrap and round-robin modes)."""
+
+
+def compute_shares(
+    states: Sequence[DeploymentState],
+    *,
+    greediness: float,
+    estimator: EstimatorName = "normal",
+    exploration_share: float = 0.0,
+    failure_penalty: float = 0.0,
+    round_robin: bool = False,
+) -> Shares:
+    """Choice probabilities of the candidates ``states`` (see the module docstring for the rules).
+
+    ``round_robin`` (window 0) and ``greediness == 0`` give exactly equal shares, as the proposal defines.
+    """
+    n = len(states)
+    if n == 0:
+        return Shares((), "round_robin", None, ())
+    if round_robin or greediness <= 0.0:
+        return Shares((1.0 / n,) * n, "round_robin", None, (1.0,) * n)
+    mode: Mode
+    sla: float | None = None
+    if any(state.window.count <= 0 for state in states):
+        mode = "bootstrap"
+        probabilities = [1.0] * n
+    else:
+        mode = "weighted"
+        sla = pooled_percentile((state.window for state in states), greediness)
+        probabilities = [probability_above(state.window, sla, estimator) for state in states]
+    weights = [
+        p * failure_multiplier(state.recent_failures, state.recent_attempts, failure_penalty)
+        for p, state in zip(probabilities, states, strict=True)
+    ]
+    total = sum(weights)
+    if total <= 0.0:
+        # Nobody is expected to beat the SLA (or everybody fails): no preference left to express.
+        weights = [1.0] * n
+        total = float(n)
+    explore = exploration_share / n
+    shares = [
+        ((1.0 - exploration_share) * w / total + explore) * state.capacity
+        for w, state in zip(weights, states, strict=True)
+    ]
+    total = sum(shares)
+    if total <= 0.0:
+        # Every candidate is at its rate limit: spread evenly and let the providers answer.
+        shares = [1.0] * n
+        total = float(n)
+    return Shares(tuple(s / total for s in shares), mode, sla, tuple(probabilities))

@@ -1,0 +1,96 @@
+"""A straightforward implementation of the proposal's algorithm, kept as the reference for parity tests.
+
+It walks every sample of the window at each decision, as the proposal does: effective rates from the
+samples, the pooled ``greediness`` percentile with ``numpy.percentile``, a normal fit per deployment
+with ``scipy.stats.norm`` (or the share of its samples above the SLA for the ``empirical`` variant),
+weights normalised to choice probabilities.
+
+Deviations from the proposal's code, each the documented behaviour of the package:
+
+* a deployment whose samples are identical (zero spread) gets 1, 1/2 or 0 as its mean is above, at or
+  below the SLA (the proposal's code turned the NaN of a zero-scale normal into weight 1);
+* all-zero weights fall back to equal chances (``random.choices`` raises on them).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass
+class Sample:
+    latency: float
+    timestamp: float
+    output_tokens: int = 1
+    input_tokens: int = 0
+    ok: bool = True
+
+    def rate(self, ratio: float) -> float:
+        if not self.ok:
+            return 0.0
+        return (self.output_tokens + self.input_tokens / ratio) / max(self.latency, 1e-3)
+
+
+@dataclass
+class ReferenceBalancer:
+    """The proposal's balancer over explicit samples (``now`` passed in, no clock)."""
+
+    deployments: Sequence[str]
+    window_seconds: float = 120.0
+    ratio: float = 250.0
+    greediness: float = 0.5
+    estimator: str = "normal"
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def record(self, deployment: str, sample: Sample) -> None:
+        self.samples.setdefault(deployment, []).append(sample)
+
+    def rates(self, now: float) -> list[list[float]]:
+        return [
+            [s.rate(self.ratio) for s in self.samples.get(d, []) if now - s.timestamp < self.window_seconds]
+            for d in self.deployments
+        ]
+
+    def weights(self, now: float) -> list[float]:
+        return reference_weights(self.rates(now), self.greediness, self.estimator)
+
+    def choose(self, now: float) -> int:
+        weights = self.weights(now)
+        return self.rng.choices(range(len(weights)), weights)[0]
+
+
+def reference_weights(rates: Sequence[Sequence[float]], greediness: float, estimator: str = "normal") -> list[float]:
+    """Choice probabilities from per-deployment effective rates (the proposal's rules)."""
+    n = len(rates)
+    if greediness <= 0 or not all(rates):
+        return [1.0 / n] * n
+    pooled = [r for per in rates for r in per]
+    sla = float(np.percentile(pooled, greediness * 100))
+    weights = [_probability(per, sla, estimator) for per in rates]
+    total = sum(weights)
+    if total <= 0:
+        return [1.0 / n] * n
+    return [w / total for w in weights]
+
+
+def _probability(rates: Sequence[float], sla: float, estimator: str) -> float:
+    if estimator == "empirical":
+        return sum(1 for r in rates if r > sla) / len(rates)
+    mu = sum(rates) / len(rates)
+    sigma = (sum((x - mu) ** 2 for x in rates) / len(rates)) ** 0.5
+    if sigma <= 1e-12 * max(1.0, abs(mu)):
+        if math.isclose(mu, sla, rel_tol=1e-9, abs_tol=1e-12):
+            return 0.5
+        return 1.0 if mu > sla else 0.0
+    return float(1 - stats.norm.cdf(sla, loc=mu, scale=sigma))
+
+
+def shares_by_name(names: Sequence[str], weights: Sequence[float]) -> Mapping[str, float]:
+    return dict(zip(names, weights, strict=True))
