@@ -15,6 +15,7 @@ __all__ = [
     "LiteLLMSurfaceChanged",
     "discover_redis_cache",
     "general_setting",
+    "is_fanout_lookup",
     "proxy_router",
     "rate_limit_exception",
 ]
@@ -88,3 +89,16 @@ def service_unavailable(message: str, headers: Mapping[str, str] | None = None) 
     from fastapi import HTTPException
 
     return HTTPException(status_code=503, detail={"error": message}, headers=dict(headers or {}))
+
+
+def is_fanout_lookup(messages: object) -> bool:
+    """True when the Router asks for healthy deployments to act on all of them, not to pick one.
+
+    File, batch and vector-store calls look up the healthy deployments with one placeholder message
+    (``{"role": "user", "content": "files-api-fake-text"}`` and the like) and then use every one of them;
+    narrowing such a lookup to one deployment would break them.
+    """
+    if not isinstance(messages, list) or len(messages) != 1 or not isinstance(messages[0], Mapping):
+        return False
+    content = messages[0].get("content")
+    return isinstance(content, str) and content.endswith("-api-fake-text")
