@@ -16,6 +16,7 @@ __all__ = [
     "discover_redis_cache",
     "general_setting",
     "is_fanout_lookup",
+    "narrow_like_router",
     "proxy_router",
     "rate_limit_exception",
 ]
@@ -102,3 +103,31 @@ def is_fanout_lookup(messages: object) -> bool:
         return False
     content = messages[0].get("content")
     return isinstance(content, str) and content.endswith("-api-fake-text")
+
+
+def narrow_like_router(
+    deployments: list[dict[str, Any]], request_kwargs: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The deployments that would survive the Router's own narrowing *after* the callbacks' filter.
+
+    ``Router.async_get_healthy_deployments`` runs ``async_filter_deployments`` and then keeps only the
+    deployments of the lowest ``order`` (or of the target order of an order fallback), drops the ones a
+    weighted failover already tried, and (unless nothing would be left) the ones that refused this request
+    in an earlier retry. A callback that picks one deployment must pick among these, or the Router would
+    filter its pick away. The request's control values are read, not consumed (the Router pops them later).
+    """
+    kwargs = request_kwargs or {}
+    try:
+        from litellm.utils import get_excluded_filtered_deployments, get_order_filtered_deployments
+    except ImportError:
+        return deployments
+    narrowed: list[dict[str, Any]] = get_order_filtered_deployments(
+        deployments, target_order=kwargs.get("_target_order")
+    )
+    narrowed = get_excluded_filtered_deployments(
+        narrowed, excluded_deployment_ids=kwargs.get("_excluded_deployment_ids")
+    )
+    skipped = kwargs.get("_retry_skipped_deployment_ids")
+    if isinstance(skipped, (tuple, list, set, frozenset)) and skipped:
+        narrowed = get_excluded_filtered_deployments(narrowed, excluded_deployment_ids=skipped) or narrowed
+    return narrowed
