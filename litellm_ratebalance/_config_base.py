@@ -24,10 +24,15 @@ def configuration_error(exc: ValidationError, root: str) -> ConfigurationError:
     lines: list[str] = []
     for error in exc.errors(include_url=False):
         loc = [str(part) for part in error["loc"]]
-        path = ".".join([root, *loc]) if root else ".".join(loc)
         message = error["msg"]
         if message.startswith("Value error, "):
             message = message[len("Value error, ") :]
+        if not loc and ": " in message and " " not in message.split(": ", 1)[0]:
+            # A model-level rule names its own key path ("ratebalance.limiter.lendable: ...").
+            head, message = message.split(": ", 1)
+            loc = head.split(".")
+            error = {**error, "type": "model_rule"}
+        path = ".".join([root, *loc]) if root else ".".join(loc)
         if error["type"] == "extra_forbidden":
             message = "unknown setting"
             model = _model_at(exc, loc[:-1])
@@ -37,7 +42,7 @@ def configuration_error(exc: ValidationError, root: str) -> ConfigurationError:
             bounds = _bounds_at(exc, loc)
             if bounds is not None:
                 message = f"must be between {bounds[0]} and {bounds[1]}"
-        if "input" in error and error["type"] != "missing":
+        if "input" in error and error["type"] not in ("missing", "model_rule", "value_error") and loc:
             message += f" (got {error['input']!r})"
         lines.append(f"{path}: {message}")
     return ConfigurationError("invalid configuration:\n  " + "\n  ".join(lines))
@@ -60,11 +65,23 @@ def _model_at(exc: ValidationError, loc: list[str]) -> type[BaseModel] | None:
 
 def _bounds_at(exc: ValidationError, loc: list[str]) -> tuple[object, object] | None:
     model = _model_at(exc, loc[:-1])
-    if model is None or loc[-1] not in model.model_fields:
+    metadata: list[object] = []
+    if model is not None and loc[-1] in model.model_fields:
+        metadata = list(model.model_fields[loc[-1]].metadata)
+    elif len(loc) >= 2:
+        # An entry of a dict-valued field: the bounds sit on the dict's value type.
+        parent = _model_at(exc, loc[:-2])
+        field = parent.model_fields.get(loc[-2]) if parent is not None else None
+        args = getattr(field.annotation, "__args__", ()) if field is not None else ()
+        if len(args) == 2:
+            for meta in getattr(args[1], "__metadata__", ()):
+                # Field(...) inside Annotated keeps its bounds in its own .metadata (Ge/Le objects).
+                metadata.extend(getattr(meta, "metadata", [meta]))
+    if not metadata:
         return None
     low: object = None
     high: object = None
-    for meta in model.model_fields[loc[-1]].metadata:
+    for meta in metadata:
         low = getattr(meta, "ge", getattr(meta, "gt", low))
         high = getattr(meta, "le", getattr(meta, "lt", high))
     if low is None or high is None:

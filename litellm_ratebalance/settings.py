@@ -125,7 +125,7 @@ class Settings(SettingsModel):
         unknown = sorted(set(self.ratebalance.limiter.lendable) - set(self.priority_reservation))
         if unknown:
             raise ValueError(
-                f"ratebalance.limiter.lendable names priorities not in priority_reservation: {unknown}; "
+                f"ratebalance.limiter.lendable: names priorities not in priority_reservation: {unknown}; "
                 f"configured priorities: {sorted(self.priority_reservation)}"
             )
         return self
