@@ -63,7 +63,7 @@ def test_long_names_are_hashed_not_cut_into_collisions() -> None:
 
 @pytest.mark.parametrize("prefix", ["", "a{b", "a}b", "has space", "x" * 65])
 def test_bad_prefix_is_refused_with_key_path(prefix: str) -> None:
-    with pytest.raises(ConfigurationError, match="ratebalance.key_prefix"):
+    with pytest.raises(ConfigurationError, match=r"ratebalance\.key_prefix"):
         KeySpace(prefix)
 
 
