@@ -1,27 +1,254 @@
-"""Concurrency store operations (placeholder: filled in by the concurrency work).
+"""In-flight slots of each deployment, shared by every proxy replica: the store behind backpressure.
 
-Contract: a Protocol of atomic operations, a Redis implementation (one packaged Lua script per
-operation) and an in-memory implementation with the same semantics. Both are mixed into
-:class:`~litellm_ratebalance.store.redis.RedisStore` / :class:`~litellm_ratebalance.store.memory.MemoryStore`.
+A slot is a **lease**: an id with an expiry and the tokens its request reserved (prompt + max_tokens
+estimate). The replica that took a lease renews it while its request runs and releases it when the request
+ends; if that replica crashes, its leases expire after their time-to-live and the capacity comes back on
+its own. Four operations, each one atomic step (one Redis round trip):
+
+* :meth:`ConcurrencyStore.lease_acquire` takes a lease if fewer than ``slot_cap`` leases are alive and the
+  reserved tokens stay within ``token_cap``;
+* :meth:`ConcurrencyStore.lease_release` gives one back;
+* :meth:`ConcurrencyStore.lease_renew` pushes out the expiry of live leases (an expired lease is not revived);
+* :meth:`ConcurrencyStore.concurrency_snapshot` reads the totals.
+
+Expiry contract (both backends): a lease is alive while ``now < expiry``; every operation first purges the
+expired ones and returns their tokens. Redis uses its server ``TIME``; the embedded store its injected clock.
 """
 
 from __future__ import annotations
 
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Protocol
 
-__all__ = ["ConcurrencyStore", "MemoryConcurrencyStore", "RedisConcurrencyStore"]
+from litellm_ratebalance.store._scripts import ScriptRunner
+from litellm_ratebalance.store.keys import KeySpace
+
+__all__ = [
+    "ConcurrencySnapshot",
+    "ConcurrencyStore",
+    "LeaseRefusal",
+    "LeaseResult",
+    "MemoryConcurrencyStore",
+    "RedisConcurrencyStore",
+]
+
+_LEASE_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+
+
+class LeaseRefusal(IntEnum):
+    NONE = 0
+    SLOTS = 1
+    """``slot_cap`` leases are already alive."""
+    TOKENS = 2
+    """The reserved tokens would pass ``token_cap``."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseResult:
+    acquired: bool
+    refusal: LeaseRefusal
+    inflight: int
+    """Leases alive (after this one when acquired)."""
+    reserved_tokens: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencySnapshot:
+    inflight: int
+    reserved_tokens: int
+    changed: int = 0
+    """Leases released (0 or 1) or renewed by the call that produced the snapshot."""
 
 
 class ConcurrencyStore(Protocol):
-    """Operations of this part (none yet)."""
+    async def lease_acquire(
+        self,
+        deployment_id: str,
+        lease_id: str,
+        *,
+        slot_cap: int,
+        ttl_ms: int,
+        cost_tokens: int = 0,
+        token_cap: int | None = None,
+    ) -> LeaseResult: ...
+
+    async def lease_release(self, deployment_id: str, lease_id: str) -> ConcurrencySnapshot: ...
+
+    async def lease_renew(self, deployment_id: str, lease_ids: Sequence[str], ttl_ms: int) -> ConcurrencySnapshot: ...
+
+    async def concurrency_snapshot(self, deployment_id: str) -> ConcurrencySnapshot: ...
+
+
+def _check_lease_id(lease_id: str) -> str:
+    if not _LEASE_ID.fullmatch(lease_id):
+        raise ValueError(f"lease ids are 1 to 128 characters from [A-Za-z0-9_.:-] (got {lease_id!r})")
+    return lease_id
+
+
+def _check_ttl(ttl_ms: int) -> int:
+    if ttl_ms < 1:
+        raise ValueError(f"lease ttl must be at least 1 ms (got {ttl_ms})")
+    return int(ttl_ms)
 
 
 class RedisConcurrencyStore:
-    """Redis implementation (uses ``self._runner`` and ``self._keys``)."""
+    """Leases over Redis: ``concurrency_acquire|release|renew.lua`` on two keys of one hash tag."""
+
+    _runner: ScriptRunner
+    _keys: KeySpace
+
+    def _lease_keys(self, deployment_id: str) -> list[str]:
+        tag = self._keys.concurrency_tag(deployment_id)
+        return [f"{tag}:leases", f"{tag}:tokens"]
+
+    async def lease_acquire(
+        self,
+        deployment_id: str,
+        lease_id: str,
+        *,
+        slot_cap: int,
+        ttl_ms: int,
+        cost_tokens: int = 0,
+        token_cap: int | None = None,
+    ) -> LeaseResult:
+        reply = await self._runner.run(
+            "concurrency_acquire",
+            self._lease_keys(deployment_id),
+            [
+                _check_lease_id(lease_id),
+                int(slot_cap),
+                _check_ttl(ttl_ms),
+                max(0, int(cost_tokens)),
+                -1 if token_cap is None else max(0, int(token_cap)),
+            ],
+        )
+        acquired, refusal, inflight, tokens, now = reply
+        return LeaseResult(bool(int(acquired)), LeaseRefusal(int(refusal)), int(inflight), int(tokens), int(now))
+
+    async def lease_release(self, deployment_id: str, lease_id: str) -> ConcurrencySnapshot:
+        released, inflight, tokens = await self._runner.run(
+            "concurrency_release", self._lease_keys(deployment_id), [_check_lease_id(lease_id)]
+        )
+        return ConcurrencySnapshot(int(inflight), int(tokens), int(released))
+
+    async def lease_renew(self, deployment_id: str, lease_ids: Sequence[str], ttl_ms: int) -> ConcurrencySnapshot:
+        renewed, inflight, tokens = await self._runner.run(
+            "concurrency_renew",
+            self._lease_keys(deployment_id),
+            [_check_ttl(ttl_ms), *(_check_lease_id(lease) for lease in lease_ids)],
+        )
+        return ConcurrencySnapshot(int(inflight), int(tokens), int(renewed))
+
+    async def concurrency_snapshot(self, deployment_id: str) -> ConcurrencySnapshot:
+        # A renew of no lease is a read that also purges expired leases (the count is then exact).
+        snapshot = await self.lease_renew(deployment_id, (), 1)
+        return ConcurrencySnapshot(snapshot.inflight, snapshot.reserved_tokens)
+
+
+@dataclass(slots=True)
+class _MemoryLeases:
+    leases: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """lease id -> (expiry ms, tokens)"""
+    tokens: int = 0
+
+    def purge(self, now_ms: int) -> None:
+        for lease_id in [i for i, (expiry, _) in self.leases.items() if expiry <= now_ms]:
+            self.tokens -= self.leases.pop(lease_id)[1]
 
 
 class MemoryConcurrencyStore:
-    """In-memory implementation (uses ``self._clock`` and ``self._lock``)."""
+    """Leases in process memory: same semantics, one lock (nothing awaits inside it)."""
+
+    _clock: Callable[[], float]
+    _lock: threading.Lock
+    _concurrency_leases: dict[str, _MemoryLeases]
 
     def _init_concurrency(self) -> None:
         """Create this part's in-memory state; called by ``MemoryStore.__init__``."""
+        self._concurrency_leases = {}
+
+    def _lease_now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _deployment_leases(self, deployment_id: str, now_ms: int) -> _MemoryLeases:
+        state = self._concurrency_leases.get(deployment_id)
+        if state is None:
+            state = self._concurrency_leases[deployment_id] = _MemoryLeases()
+        state.purge(now_ms)
+        return state
+
+    def _forget_if_idle(self, deployment_id: str, state: _MemoryLeases) -> None:
+        # Bounded memory: a deployment with no live lease keeps no state (Redis keys expire likewise).
+        if not state.leases:
+            self._concurrency_leases.pop(deployment_id, None)
+
+    async def lease_acquire(
+        self,
+        deployment_id: str,
+        lease_id: str,
+        *,
+        slot_cap: int,
+        ttl_ms: int,
+        cost_tokens: int = 0,
+        token_cap: int | None = None,
+    ) -> LeaseResult:
+        _check_lease_id(lease_id)
+        ttl = _check_ttl(ttl_ms)
+        cost = max(0, int(cost_tokens))
+        with self._lock:
+            now = self._lease_now_ms()
+            state = self._deployment_leases(deployment_id, now)
+            alive = len(state.leases)
+            existing = state.leases.get(lease_id)
+            if existing is not None:
+                state.leases[lease_id] = (now + ttl, existing[1])
+                return LeaseResult(True, LeaseRefusal.NONE, alive, state.tokens, now)
+            refusal = LeaseRefusal.NONE
+            if alive >= slot_cap:
+                refusal = LeaseRefusal.SLOTS
+            elif token_cap is not None and state.tokens + cost > max(0, int(token_cap)):
+                refusal = LeaseRefusal.TOKENS
+            if refusal is not LeaseRefusal.NONE:
+                result = LeaseResult(False, refusal, alive, state.tokens, now)
+                self._forget_if_idle(deployment_id, state)
+                return result
+            state.leases[lease_id] = (now + ttl, cost)
+            state.tokens += cost
+            return LeaseResult(True, LeaseRefusal.NONE, alive + 1, state.tokens, now)
+
+    async def lease_release(self, deployment_id: str, lease_id: str) -> ConcurrencySnapshot:
+        _check_lease_id(lease_id)
+        with self._lock:
+            state = self._deployment_leases(deployment_id, self._lease_now_ms())
+            entry = state.leases.pop(lease_id, None)
+            if entry is not None:
+                state.tokens -= entry[1]
+            snapshot = ConcurrencySnapshot(len(state.leases), state.tokens, int(entry is not None))
+            self._forget_if_idle(deployment_id, state)
+            return snapshot
+
+    async def lease_renew(self, deployment_id: str, lease_ids: Sequence[str], ttl_ms: int) -> ConcurrencySnapshot:
+        ttl = _check_ttl(ttl_ms)
+        for lease_id in lease_ids:
+            _check_lease_id(lease_id)
+        with self._lock:
+            now = self._lease_now_ms()
+            state = self._deployment_leases(deployment_id, now)
+            renewed = 0
+            for lease_id in lease_ids:
+                entry = state.leases.get(lease_id)
+                if entry is not None:
+                    state.leases[lease_id] = (now + ttl, entry[1])
+                    renewed += 1
+            snapshot = ConcurrencySnapshot(len(state.leases), state.tokens, renewed)
+            self._forget_if_idle(deployment_id, state)
+            return snapshot
+
+    async def concurrency_snapshot(self, deployment_id: str) -> ConcurrencySnapshot:
+        snapshot = await self.lease_renew(deployment_id, (), 1)
+        return ConcurrencySnapshot(snapshot.inflight, snapshot.reserved_tokens)

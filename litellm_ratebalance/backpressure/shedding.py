@@ -1,0 +1,253 @@
+"""Pure load-shedding policy: utilisation from the signals, priority tiers, the admit/shed decision,
+token-aware memory headroom, and the retry advice.
+
+Nothing here reads a clock or does I/O; the adapter passes every count and measurement.
+
+Definitions:
+
+* **Signals** are fractions where 1.0 means "full": ``kv_cache`` and ``gpu_memory`` (memory pressure),
+  ``gpu_compute`` and ``concurrency`` = in flight / limit (compute saturation), ``server_queue`` = requests
+  waiting inside the inference server / its queue limit (queue overflow). **Utilisation** is the worst
+  (largest) of them; its signal names the reason.
+* **Tiers** are ordered lowest priority first. Tier ``i`` of ``n`` has the threshold
+  ``shed + i * (hard - shed) / (n - 1)``: the lowest tier is shed at ``shed_threshold``, the next ones in
+  turn, the highest at ``hard_threshold``. A single tier counts as the highest.
+* **Decision** for a request of tier ``t`` (threshold ``θ``), in order:
+
+  1. a server signal (memory, compute, server queue) at or above ``θ`` -> shed (503, that signal's reason);
+  2. token-aware check, where a KV-cache capacity ``C`` is known: tokens held = the larger of the
+     reservations in flight (prompt + max_tokens of each) and the measured KV-cache usage x ``C``; if held +
+     this request's cost would exceed ``θ x C`` -> shed (503 ``memory_pressure``); a request whose cost
+     alone exceeds ``θ x C`` can never fit (advice ``reroute``);
+  3. concurrency: the highest tier may fill every slot of the limit; at the limit it gets 429
+     ``concurrency_limit`` (or waits in the queue where one is enabled). A lower tier may only take a slot
+     while ``(in flight + 1) / limit <= θ`` (the rest is kept for the tiers above) -> else shed (503
+     ``compute_saturation``);
+  4. admit.
+* **Retry-after** comes from the drain rate, by Little's law: a deployment with ``N`` requests in flight
+  and mean latency ``W`` completes ``N / W`` requests per second, so freeing ``k`` slots takes ``k / (N / W)``
+  seconds. Each refusal says how many completions it waits for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+
+__all__ = [
+    "SIGNAL_REASONS",
+    "Reason",
+    "Tiers",
+    "Utilisation",
+    "Verdict",
+    "advice",
+    "decide",
+    "retry_after_seconds",
+    "tier_slots",
+    "tier_threshold",
+    "worst_signal",
+]
+
+
+class Reason(str, Enum):
+    """Why a request was refused (the ``reason`` clients see)."""
+
+    MEMORY_PRESSURE = "memory_pressure"
+    COMPUTE_SATURATION = "compute_saturation"
+    QUEUE_OVERFLOW = "queue_overflow"
+    CONCURRENCY_LIMIT = "concurrency_limit"
+
+
+SIGNAL_REASONS: Mapping[str, Reason] = {
+    "kv_cache": Reason.MEMORY_PRESSURE,
+    "gpu_memory": Reason.MEMORY_PRESSURE,
+    "gpu_compute": Reason.COMPUTE_SATURATION,
+    "concurrency": Reason.COMPUTE_SATURATION,
+    "server_queue": Reason.QUEUE_OVERFLOW,
+}
+"""Every signal name this package produces, and the reason it stands for."""
+
+
+@dataclass(frozen=True, slots=True)
+class Utilisation:
+    value: float
+    signal: str | None
+    """Name of the worst signal (``None`` when there are none)."""
+
+    @property
+    def reason(self) -> Reason | None:
+        return None if self.signal is None else SIGNAL_REASONS[self.signal]
+
+
+def worst_signal(signals: Mapping[str, float]) -> Utilisation:
+    """The largest signal (ties: the first in ``signals`` order); utilisation 0 when there are none."""
+    best: Utilisation = Utilisation(0.0, None)
+    for name, value in signals.items():
+        if name not in SIGNAL_REASONS:
+            raise ValueError(f"unknown signal {name!r}; known: {sorted(SIGNAL_REASONS)}")
+        if math.isfinite(value) and (best.signal is None or value > best.value):
+            best = Utilisation(max(0.0, value), name)
+    return best
+
+
+class Tiers:
+    """Priority tiers, lowest first; resolves a priority name to its rank."""
+
+    __slots__ = ("_names", "_rank", "fallback")
+
+    def __init__(self, names: Sequence[str], default_name: str = "default") -> None:
+        if not names:
+            raise ValueError("need at least one tier")
+        self._names = tuple(names)
+        self._rank = {name: rank for rank, name in enumerate(self._names)}
+        self.fallback = self._rank.get(default_name, 0)
+        """Rank of callers without a configured priority: the ``default`` tier, else the lowest."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self._names
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._rank
+
+    def rank(self, priority: str | None) -> int:
+        return self._rank.get(priority, self.fallback) if priority is not None else self.fallback
+
+    def name(self, rank: int) -> str:
+        return self._names[rank]
+
+    def is_top(self, rank: int) -> bool:
+        return rank == len(self._names) - 1
+
+
+def tier_threshold(rank: int, n_tiers: int, shed_threshold: float, hard_threshold: float) -> float:
+    """Utilisation at which tier ``rank`` (0 = lowest) is shed."""
+    if n_tiers <= 1 or rank >= n_tiers - 1:
+        return hard_threshold
+    return shed_threshold + rank * (hard_threshold - shed_threshold) / (n_tiers - 1)
+
+
+def tier_slots(rank: int, n_tiers: int, limit: int, shed_threshold: float, hard_threshold: float) -> int:
+    """How many requests may be in flight, all tiers together, for a request of tier ``rank`` to be
+    admitted: the whole limit for the highest tier, ``floor(threshold x limit)`` below it."""
+    if n_tiers <= 1 or rank >= n_tiers - 1:
+        return limit
+    return max(0, math.floor(tier_threshold(rank, n_tiers, shed_threshold, hard_threshold) * limit + 1e-9))
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Outcome of :func:`decide`."""
+
+    admitted: bool
+    reason: Reason | None = None
+    status: int = 0
+    """503 (shed) or 429 (concurrency limit); 0 when admitted."""
+    utilisation: float = 0.0
+    threshold: float = 1.0
+    signal: str | None = None
+    completions_needed: float = 0.0
+    """Requests that must finish before this one would be admitted (for the retry-after estimate)."""
+    never_fits: bool = False
+    """True when the request would be refused even by an idle deployment (retrying cannot help)."""
+    slots: int = 0
+    """The tier's slot cap (see :func:`tier_slots`): the store's atomic check uses the same number."""
+    token_cap: int | None = None
+    """The tier's token cap (``θ x C``), or ``None`` without a KV-cache capacity."""
+
+    @property
+    def queueable(self) -> bool:
+        """At the concurrency limit only: waiting for a slot can help (shedding is deliberate, not queued)."""
+        return self.reason is Reason.CONCURRENCY_LIMIT
+
+
+def decide(
+    *,
+    rank: int,
+    n_tiers: int,
+    shed_threshold: float,
+    hard_threshold: float,
+    server_signals: Mapping[str, float],
+    inflight: int,
+    limit: int,
+    cost_tokens: int,
+    reserved_tokens: int = 0,
+    kv_cache_tokens: int | None = None,
+) -> Verdict:
+    """Decide one request of tier ``rank`` against one deployment (see the module docstring).
+
+    ``server_signals``: the measured signals other than ``concurrency`` (which is ``inflight / limit``).
+    """
+    threshold = tier_threshold(rank, n_tiers, shed_threshold, hard_threshold)
+    slots = tier_slots(rank, n_tiers, limit, shed_threshold, hard_threshold)
+    token_cap = None if kv_cache_tokens is None else math.floor(threshold * kv_cache_tokens)
+    signals = dict(server_signals)
+    signals["concurrency"] = inflight / limit if limit > 0 else 1.0
+    overall = worst_signal(signals)
+    admit = Verdict(
+        True, utilisation=overall.value, threshold=threshold, signal=overall.signal, slots=slots, token_cap=token_cap
+    )
+
+    server = worst_signal(server_signals)
+    if server.signal is not None and server.value >= threshold:
+        # Enough of the in-flight work must finish for the signal to fall back under the threshold.
+        needed = inflight * (server.value - threshold) / server.value + 1 if server.value > 0 else 1.0
+        return replace(
+            admit, admitted=False, reason=server.reason, status=503, signal=server.signal, completions_needed=needed
+        )
+
+    if token_cap is not None and kv_cache_tokens is not None:
+        measured = signals.get("kv_cache", 0.0) * kv_cache_tokens
+        held = max(float(reserved_tokens), measured)
+        if held + cost_tokens > token_cap:
+            per_request = held / inflight if inflight > 0 else float(cost_tokens)
+            needed = (held + cost_tokens - token_cap) / per_request if per_request > 0 else 1.0
+            return replace(
+                admit,
+                admitted=False,
+                reason=Reason.MEMORY_PRESSURE,
+                status=503,
+                utilisation=max(overall.value, (held + cost_tokens) / kv_cache_tokens),
+                signal="kv_cache",
+                completions_needed=max(1.0, needed),
+                never_fits=cost_tokens > token_cap,
+            )
+
+    if inflight + 1 > slots:
+        top = n_tiers <= 1 or rank >= n_tiers - 1
+        return replace(
+            admit,
+            admitted=False,
+            reason=Reason.CONCURRENCY_LIMIT if top else Reason.COMPUTE_SATURATION,
+            status=429 if top else 503,
+            signal="concurrency",
+            completions_needed=float(inflight + 1 - slots),
+        )
+    return admit
+
+
+def retry_after_seconds(
+    completions_needed: float, inflight: int, mean_latency_seconds: float | None, *, floor: int = 1, cap: int = 30
+) -> int:
+    """Whole seconds until ``completions_needed`` requests finish at the drain rate (Little's law:
+    ``inflight / mean_latency`` completions per second), within ``[floor, cap]``.
+
+    Without a drain-rate estimate (nothing in flight, no latency measured yet) the answer is ``floor``.
+    """
+    if inflight <= 0 or not mean_latency_seconds or mean_latency_seconds <= 0:
+        return floor
+    drain_rate = inflight / mean_latency_seconds
+    return int(max(floor, min(cap, math.ceil(max(0.0, completions_needed) / drain_rate))))
+
+
+def advice(verdict: Verdict, retry_after: int, max_retry_after: int) -> str:
+    """``retry`` when capacity should free within ``retry_after``; ``reroute`` when this deployment cannot
+    take the request even when idle, or the estimated wait is beyond what we would ask a client to wait."""
+    if verdict.never_fits or retry_after >= max_retry_after:
+        return "reroute"
+    return "retry"

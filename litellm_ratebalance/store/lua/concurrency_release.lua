@@ -1,0 +1,33 @@
+-- concurrency_release: give back one lease of a deployment (its slot and its reserved tokens), atomically.
+--
+-- Clock: Redis server TIME (milliseconds), only to purge expired leases (now >= expiry) first.
+-- KEYS[1]  sorted set of the deployment's leases: member = lease id, score = expiry (ms)
+-- KEYS[2]  hash of reserved tokens: field "l:<lease id>" = tokens of that lease, field "total" = their sum
+-- ARGV[1]  lease id
+-- Returns  {released 0|1 (0: unknown or already expired), leases alive, reserved tokens}, after the release.
+
+local leases, costs = KEYS[1], KEYS[2]
+local id = ARGV[1]
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
+if #expired > 0 then
+  local freed = 0
+  for _, lease in ipairs(expired) do
+    freed = freed + (tonumber(redis.call('HGET', costs, 'l:' .. lease)) or 0)
+    redis.call('HDEL', costs, 'l:' .. lease)
+  end
+  redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
+  -- HINCRBY refuses "-0" (Lua's text for minus zero): only write a change.
+  if freed > 0 then redis.call('HINCRBY', costs, 'total', -freed) end
+end
+
+local released = redis.call('ZREM', leases, id)
+if released == 1 then
+  local cost = tonumber(redis.call('HGET', costs, 'l:' .. id)) or 0
+  redis.call('HDEL', costs, 'l:' .. id)
+  if cost > 0 then redis.call('HINCRBY', costs, 'total', -cost) end
+end
+return {released, redis.call('ZCARD', leases), tonumber(redis.call('HGET', costs, 'total')) or 0}
