@@ -1,14 +1,382 @@
-"""LiteLLM adapter of the routing part (placeholder: filled in by the routing work)."""
+"""LiteLLM adapters of the rate balancer: one core (:class:`RateBalancer`) behind two entry points.
+
+* Proxy (config only): ``litellm_settings.callbacks: ["litellm_ratebalance.rate_balancer"]``.
+  ``router_settings.routing_strategy`` only takes LiteLLM's own names, so the pick happens in
+  ``async_filter_deployments``, which the Router calls on every callback after its health-check and
+  cooldown filtering: we narrow the healthy list to the one weighted pick. Whatever ``routing_strategy`` is
+  set then has a single deployment left (``simple-shuffle``, the default, costs least). Finished calls are
+  recorded from ``async_log_success_event`` / ``async_log_failure_event``.
+* SDK: :class:`RateBalancedRouting`, a ``CustomRoutingStrategyBase``; ``RateBalancedRouting(router).install()``
+  sets it with ``router.set_custom_routing_strategy`` (``register_plugin`` where that is the name) and
+  registers its recorder in ``litellm.callbacks``. A custom strategy bypasses the Router's health and
+  cooldown filtering, so it asks ``router.async_get_healthy_deployments`` first.
+
+What is a sample: a call that reached a deployment (``model_id`` known) and was not a cache hit. A failure
+counts against the deployment (zero-rate sample) unless its status says the request itself was at fault
+(400, 413, 422). Nothing these hooks raise reaches a client: an internal error is logged and the Router's
+own choice stands.
+"""
 
 from __future__ import annotations
 
-from litellm.integrations.custom_logger import CustomLogger
+import dataclasses
+import logging
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["RateBalancerCallback", "rate_balancer"]
+from litellm.integrations.custom_logger import CustomLogger
+from litellm.types.router import CustomRoutingStrategyBase
+
+from litellm_ratebalance.proxy import _litellm
+from litellm_ratebalance.proxy.runtime import Runtime, get_runtime
+from litellm_ratebalance.routing.balancer import Candidate, RateBalancer
+from litellm_ratebalance.routing.config import RoutingSettings
+from litellm_ratebalance.routing.estimator import RateLimitObservation, parse_reset_seconds
+from litellm_ratebalance.store.routing import RoutingStore
+
+__all__ = ["RateBalancedRouting", "RateBalancerCallback", "deployment_candidates", "rate_balancer"]
+
+logger = logging.getLogger("litellm_ratebalance")
+
+_REQUEST_FAULT_CODES = frozenset({400, 413, 422})
+"""Failures that say nothing about the deployment (bad request, too large, unprocessable)."""
+_LOG_INTERVAL_SECONDS = 30.0
+_last_hook_error = [float("-inf")]
+
+
+def _log_hook_error(where: str) -> None:
+    now = time.monotonic()
+    if now - _last_hook_error[0] >= _LOG_INTERVAL_SECONDS:
+        _last_hook_error[0] = now
+        logger.exception("litellm_ratebalance routing: %s failed; the Router's own choice stands", where)
+
+
+def _positive(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if number > 0 and math.isfinite(number) else None
+
+
+def _non_negative(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if number >= 0 and math.isfinite(number) else None
+
+
+def _deployment_id(deployment: Mapping[str, Any]) -> str | None:
+    info = deployment.get("model_info")
+    value = info.get("id") if isinstance(info, Mapping) else None
+    return str(value) if value is not None else None
+
+
+def deployment_candidates(deployments: Sequence[Mapping[str, Any]]) -> tuple[Candidate, ...] | None:
+    """The balancer's view of LiteLLM deployment dicts (None when one lacks a ``model_info.id``).
+
+    The ratio comes from ``model_info.input_to_output_ratio``; tpm / rpm from ``litellm_params`` (or the
+    deployment's top level, where LiteLLM also accepts them).
+    """
+    out: list[Candidate] = []
+    for deployment in deployments:
+        deployment_id = _deployment_id(deployment)
+        if deployment_id is None:
+            return None
+        info = deployment.get("model_info") or {}
+        params = deployment.get("litellm_params") or {}
+        out.append(
+            Candidate(
+                deployment_id,
+                _positive(info.get("input_to_output_ratio")),
+                _positive(params.get("tpm", deployment.get("tpm"))),
+                _positive(params.get("rpm", deployment.get("rpm"))),
+            )
+        )
+    return tuple(out)
+
+
+def _model_group(deployments: Sequence[Mapping[str, Any]], model: str) -> str:
+    name = deployments[0].get("model_name")
+    return name if isinstance(name, str) and name else model
+
+
+def _pick(balancer: RateBalancer, model: str, deployments: Sequence[Mapping[str, Any]]) -> int | None:
+    candidates = deployment_candidates(deployments)
+    if candidates is None:
+        return None
+    return balancer.choose(_model_group(deployments, model), candidates)
+
+
+def _rate_limits(headers: object) -> RateLimitObservation | None:
+    if not isinstance(headers, Mapping):
+        return None
+
+    def header(name: str) -> float | None:
+        return _non_negative(headers.get(f"x_ratelimit_{name}"))
+
+    observation = RateLimitObservation(
+        remaining_requests=header("remaining_requests"),
+        remaining_tokens=header("remaining_tokens"),
+        limit_requests=header("limit_requests"),
+        limit_tokens=header("limit_tokens"),
+    )
+    if observation.remaining_requests is None and observation.remaining_tokens is None:
+        return None  # limits alone say nothing about what is left
+    resets = [parse_reset_seconds(headers.get(f"x_ratelimit_reset_{kind}")) for kind in ("requests", "tokens")]
+    known = [r for r in resets if r is not None]
+    return dataclasses.replace(observation, reset_seconds=min(known)) if known else observation
+
+
+def _status_code(kwargs: Mapping[str, Any], payload: Mapping[str, Any]) -> int | None:
+    info = payload.get("error_information")
+    code: object = info.get("error_code") if isinstance(info, Mapping) else None
+    if code in (None, ""):
+        code = getattr(kwargs.get("exception"), "status_code", None)
+    try:
+        return int(str(code))
+    except ValueError:
+        return None
+
+
+def record_call(balancer: RateBalancer, kwargs: Mapping[str, Any], ok: bool) -> bool:
+    """Record one finished call from LiteLLM's logging ``kwargs``; False when it is not a sample."""
+    payload = kwargs.get("standard_logging_object")
+    if not isinstance(payload, Mapping) or payload.get("cache_hit"):
+        return False
+    params = kwargs.get("litellm_params") or {}
+    info = params.get("model_info") if isinstance(params, Mapping) else None
+    info = info if isinstance(info, Mapping) else {}
+    deployment_id = payload.get("model_id") or info.get("id")
+    model_group = payload.get("model_group")
+    if not deployment_id or not isinstance(model_group, str) or not model_group:
+        return False
+    if not ok and _status_code(kwargs, payload) in _REQUEST_FAULT_CODES:
+        # The request was at fault: the deployment's request slot is free again, nothing else to learn.
+        balancer.release(model_group, str(deployment_id))
+        return False
+    start = _non_negative(payload.get("startTime"))
+    end = _non_negative(payload.get("endTime"))
+    latency = end - start if start is not None and end is not None and end >= start else 0.0
+    ttft = None
+    first_token = _non_negative(payload.get("completionStartTime"))
+    if payload.get("stream") and ok and start is not None and first_token is not None and first_token >= start:
+        ttft = first_token - start
+    hidden = payload.get("hidden_params")
+    headers = hidden.get("additional_headers") if isinstance(hidden, Mapping) else None
+    balancer.record(
+        model_group,
+        str(deployment_id),
+        latency=latency,
+        input_tokens=int(_non_negative(payload.get("prompt_tokens")) or 0) if ok else 0,
+        output_tokens=int(_non_negative(payload.get("completion_tokens")) or 0) if ok else 0,
+        ok=ok,
+        ttft=ttft,
+        input_to_output_ratio=_positive(info.get("input_to_output_ratio")),
+        rate_limits=_rate_limits(headers) if ok else None,
+    )
+    return True
+
+
+class _BalancerSource:
+    """The RateBalancer of the current runtime: rebuilt when tests or SDK users reset / reconfigure it."""
+
+    __slots__ = ("_balancer", "_runtime", "_settings")
+
+    def __init__(self) -> None:
+        self._balancer: RateBalancer | None = None
+        self._runtime: Runtime | None = None
+        self._settings: object = None
+
+    def get(self) -> RateBalancer:
+        runtime = get_runtime()
+        settings = runtime.settings()
+        if self._balancer is None or runtime is not self._runtime or settings is not self._settings:
+            self._runtime, self._settings = runtime, settings
+
+            def report(exc: BaseException) -> None:
+                runtime.faults.record("routing", exc, runtime.settings())
+
+            # The store is resolved at each sync (runtime.store is lazy), never on the request path.
+            self._balancer = RateBalancer(runtime.store, settings.ratebalance.routing, on_store_error=report)
+        return self._balancer
 
 
 class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
-    """Placeholder callback: does nothing yet."""
+    """Proxy callback: narrows the healthy deployments to the rate-balanced pick and records outcomes.
+
+    Built with no arguments at config load; settings, store and router are resolved on first use from
+    :func:`~litellm_ratebalance.proxy.runtime.get_runtime`. ``balancer`` pins a core (tests, SDK).
+    """
+
+    def __init__(self, balancer: RateBalancer | None = None) -> None:
+        super().__init__()
+        self._pinned = balancer
+        self._source = _BalancerSource()
+
+    def balancer(self) -> RateBalancer:
+        """The core this callback routes with (weights() / estimates() for status output)."""
+        return self._pinned if self._pinned is not None else self._source.get()
+
+    async def async_filter_deployments(
+        self,
+        model: str,
+        healthy_deployments: list[Any],
+        messages: list[Any] | None,
+        request_kwargs: dict[str, Any] | None = None,
+        parent_otel_span: Any = None,
+    ) -> list[Any]:
+        try:
+            if len(healthy_deployments) < 2 or _litellm.is_fanout_lookup(messages):
+                return healthy_deployments
+            if not all(isinstance(d, Mapping) for d in healthy_deployments):
+                return healthy_deployments
+            pool = _litellm.narrow_like_router(healthy_deployments, request_kwargs)
+            if not pool:
+                return healthy_deployments  # the Router raises its own "no deployments" error
+            index = _pick(self.balancer(), model, pool)
+            return healthy_deployments if index is None else [pool[index]]
+        except Exception:
+            _log_hook_error("async_filter_deployments")
+            return healthy_deployments
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        try:
+            record_call(self.balancer(), kwargs, ok=True)
+        except Exception:
+            _log_hook_error("async_log_success_event")
+
+    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        try:
+            record_call(self.balancer(), kwargs, ok=False)
+        except Exception:
+            _log_hook_error("async_log_failure_event")
+
+
+class _StrategyRecorder(CustomLogger):  # type: ignore[misc]
+    """The SDK strategy's outcome recorder (registered in ``litellm.callbacks``); it never filters."""
+
+    def __init__(self, strategy: RateBalancedRouting) -> None:
+        super().__init__()
+        self._strategy = strategy
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        try:
+            record_call(self._strategy.balancer(), kwargs, ok=True)
+        except Exception:
+            _log_hook_error("async_log_success_event")
+
+    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        try:
+            record_call(self._strategy.balancer(), kwargs, ok=False)
+        except Exception:
+            _log_hook_error("async_log_failure_event")
+
+
+class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
+    """Rate-balanced routing for SDK users of ``litellm.Router``::
+
+        router = litellm.Router(model_list=...)
+        RateBalancedRouting(router).install()      # then: await router.acompletion(model="group", ...)
+
+    ``settings`` / ``store`` default to the process runtime's (``ratebalance.routing``, the configured
+    Redis or the embedded store); ``balancer`` shares a core with other users. Async calls are balanced;
+    the Router's synchronous calls fall back to its own strategy (LiteLLM runs no async logging for them,
+    so nothing would be recorded).
+    """
+
+    def __init__(
+        self,
+        router: Any,
+        settings: RoutingSettings | None = None,
+        *,
+        store: RoutingStore | None = None,
+        balancer: RateBalancer | None = None,
+    ) -> None:
+        self.router = router
+        if balancer is None and (settings is not None or store is not None):
+            balancer = RateBalancer(store if store is not None else get_runtime().store, settings)
+        self._pinned = balancer
+        self._source = _BalancerSource()
+        self.recorder = _StrategyRecorder(self)
+
+    def balancer(self) -> RateBalancer:
+        return self._pinned if self._pinned is not None else self._source.get()
+
+    def install(self) -> RateBalancedRouting:
+        """Make this the router's strategy and register the recorder in ``litellm.callbacks`` (once)."""
+        install = getattr(self.router, "set_custom_routing_strategy", None) or self.router.register_plugin
+        install(self)
+        import litellm
+
+        manager = getattr(litellm, "logging_callback_manager", None)
+        if manager is not None and hasattr(manager, "add_litellm_callback"):
+            manager.add_litellm_callback(self.recorder)
+        elif self.recorder not in litellm.callbacks:
+            litellm.callbacks.append(self.recorder)
+        return self
+
+    def uninstall(self) -> None:
+        """Give the router its own strategy back and drop the recorder."""
+        import litellm
+
+        for name in ("get_available_deployment", "async_get_available_deployment"):
+            # set_custom_routing_strategy set these on the instance; removing them uncovers the class's.
+            self.router.__dict__.pop(name, None)
+        while self.recorder in litellm.callbacks:
+            litellm.callbacks.remove(self.recorder)
+
+    async def async_get_available_deployment(  # type: ignore[override]
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: str | list[Any] | None = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        healthy = await self.router.async_get_healthy_deployments(
+            model=model,
+            request_kwargs=request_kwargs if request_kwargs is not None else {},
+            messages=messages,
+            input=input,
+            specific_deployment=specific_deployment,
+        )
+        if isinstance(healthy, dict):
+            return healthy  # a specific deployment was asked for
+        try:
+            index = _pick(self.balancer(), model, healthy)
+        except Exception:
+            _log_hook_error("RateBalancedRouting.async_get_available_deployment")
+            index = None
+        if index is None:
+            index = random.randrange(len(healthy))  # what simple-shuffle would do
+        return healthy[index]  # type: ignore[no-any-return]
+
+    def get_available_deployment(  # type: ignore[override]
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: str | list[Any] | None = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        # The Router's own (class) implementation: health filtering and its configured strategy.
+        return type(self.router).get_available_deployment(  # type: ignore[no-any-return]
+            self.router,
+            model=model,
+            messages=messages,
+            input=input,
+            specific_deployment=specific_deployment,
+            request_kwargs=request_kwargs,
+        )
 
 
 rate_balancer = RateBalancerCallback()

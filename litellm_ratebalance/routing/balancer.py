@@ -242,6 +242,14 @@ class RateBalancer:
             view.pending_since = now
         self._maybe_sync(model_group, view, now)
 
+    def release(self, model_group: str, deployment_id: str) -> None:
+        """Forget one request in flight at the deployment without recording a sample (the request, not the
+        deployment, was at fault)."""
+        view = self._views.get(model_group)
+        queue = view.in_flight.get(deployment_id) if view is not None else None
+        if queue:
+            queue.popleft()
+
     # -- status ---------------------------------------------------------------------------------------
     def weights(self, model_group: str, candidates: Sequence[Candidate] | None = None) -> dict[str, float]:
         """Current choice probability per deployment id (all deployments seen, when no candidates)."""
@@ -299,7 +307,10 @@ class RateBalancer:
 
     # -- synchronisation ------------------------------------------------------------------------------
     async def refresh(self, model_group: str) -> None:
-        """Sync one model group with the store now (tests, status output, a warm-up)."""
+        """Sync one model group with the store now (tests, status output, a warm-up), after any background
+        sync in flight has finished."""
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await self._sync(model_group, self._view(model_group))
 
     async def refresh_all(self) -> None:

@@ -301,19 +301,27 @@ def _quantile_of_bins(bins: Mapping[int, int], q: float) -> float:
     if total <= 0:
         raise ValueError("no samples")
     rank = q * (total - 1)
+    low = math.floor(rank)
+    fraction = rank - low
+    ordered = sorted(bins.items())
+    value_low = _order_statistic(ordered, low)
+    if fraction <= 0.0:
+        return value_low
+    return value_low + fraction * (_order_statistic(ordered, min(low + 1, total - 1)) - value_low)
+
+
+def _order_statistic(ordered: Sequence[tuple[int, int]], k: int) -> float:
+    """Value of the k-th smallest sample (0-based): the n samples of a bin sit at the midpoints of n equal
+    log-slices of it; bin 0 samples are 0."""
     seen = 0
-    for index in sorted(bins):
-        n = bins[index]
-        if rank < seen + n:
+    for index, n in ordered:
+        if k < seen + n:
             if index == 0:
                 return 0.0
             lower, upper = bin_bounds(index)
-            # The n samples of the bin sit at the midpoints of n equal log-slices of it.
-            position = (rank - seen + 0.5) / n
-            return float(lower * (upper / lower) ** position)
+            return float(lower * (upper / lower) ** ((k - seen + 0.5) / n))
         seen += n
-    last = max(bins)
-    return bin_bounds(last)[1] if last else 0.0
+    return bin_bounds(ordered[-1][0])[1]
 
 
 def probability_above(aggregate: RateAggregate, sla: float, estimator: EstimatorName) -> float:

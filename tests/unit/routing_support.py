@@ -1,0 +1,46 @@
+"""Helpers of the routing tests: a settable clock shared by the balancer and the embedded store."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from litellm_ratebalance.routing import Candidate, RateBalancer, RoutingSettings
+from litellm_ratebalance.store import MemoryStore
+
+T0 = 1_000_000.0
+"""A start time on a bucket boundary for every bucket width the tests use."""
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def settings(**overrides: Any) -> RoutingSettings:
+    """Test settings: no exploration and no background refresh unless asked (tests call refresh())."""
+    base: dict[str, Any] = {"refresh_interval": 300.0, "exploration_share": 0.0}
+    base.update(overrides)
+    return RoutingSettings(**base)
+
+
+def make_balancer(clock: Clock | None = None, seed: int = 0, **overrides: Any) -> tuple[RateBalancer, Clock]:
+    clock = clock or Clock()
+    store = MemoryStore(clock=clock)
+    return RateBalancer(store, settings(**overrides), clock=clock, rng=random.Random(seed)), clock
+
+
+def candidates(*ids: str) -> tuple[Candidate, ...]:
+    return tuple(Candidate(i) for i in ids)
+
+
+def feed(balancer: RateBalancer, group: str, deployment: str, rates: list[float], latency: float = 1.0) -> None:
+    """Record one successful sample per rate (output tokens = rate x latency, no input tokens)."""
+    for rate in rates:
+        balancer.record(group, deployment, latency=latency, output_tokens=round(rate * latency))
