@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(LITELLM_PIN)
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test lint demo bench redis-server clean
+.PHONY: install test test-compat lint demo bench redis-server clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ test: $(STAMP) redis-server
 	@set +e; $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
+# The same suite against the newest LiteLLM whose [proxy] extra installs here, in its own venv.
+COMPAT_PIN ?= 1.108.5
+test-compat:
+	$(MAKE) test LITELLM_PIN=$(COMPAT_PIN) VENV=.venv-$(COMPAT_PIN)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check litellm_ratebalance tests bench
 	$(VENV)/bin/ruff format --check litellm_ratebalance tests bench
@@ -48,4 +53,4 @@ bench: $(STAMP) redis-server
 	$(PY) bench/run_all.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-* .pytest_cache .mypy_cache .ruff_cache
