@@ -84,6 +84,8 @@ class Runtime:
         """The shared store: ``ratebalance.redis_url``, else the proxy's Redis, else the embedded store."""
         if self._store is None:
             self._store = self._make_store(self.settings())
+            if isinstance(self._store, RedisStore):
+                _spawn(warn_if_evictable(self._store))
         return self._store
 
     def _make_store(self, settings: Settings) -> Store:
@@ -123,6 +125,44 @@ class Runtime:
             self._router = router
 
 
+EVICTING_POLICIES_NOTE = (
+    "litellm_ratebalance: Redis maxmemory-policy is %r, which can evict our counters when Redis is full "
+    "(limits then silently reset and contracts under-count). Set maxmemory-policy to noeviction, or give "
+    "Redis enough memory (see README, 'Running Redis for this package')."
+)
+
+
+async def warn_if_evictable(store: RedisStore) -> str | None:
+    """Warn once if Redis may evict our keys; return the policy read (``None`` if it cannot be read).
+
+    Every key we write has a TTL, so ``volatile-*`` policies can evict them as well as ``allkeys-*``.
+    Managed Redis services often disable CONFIG; then nothing is said.
+    """
+    try:
+        reply = await asyncio.wait_for(store.client.config_get("maxmemory-policy"), 2.0)
+    except Exception:
+        return None
+    policy = reply.get("maxmemory-policy") if isinstance(reply, dict) else None
+    if isinstance(policy, bytes):
+        policy = policy.decode()
+    if isinstance(policy, str) and (policy.startswith("allkeys-") or policy.startswith("volatile-")):
+        logger.warning(EVICTING_POLICIES_NOTE, policy)
+    return policy if isinstance(policy, str) else None
+
+
+def _spawn(coroutine: Any) -> None:
+    """Run ``coroutine`` in the background if a loop is running, else drop it (SDK set-up code)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        coroutine.close()
+        return
+    task = loop.create_task(coroutine)
+    _background_tasks.add(task)
+    task.add_done_callback(_background_tasks.discard)
+
+
+_background_tasks: set[asyncio.Task[Any]] = set()
 _runtime = Runtime()
 _startup_check_scheduled = False
 
@@ -145,7 +185,7 @@ def schedule_startup_check(poll_seconds: float = 0.05, give_up_seconds: float = 
     if _startup_check_scheduled:
         return
     try:
-        loop = asyncio.get_running_loop()
+        asyncio.get_running_loop()
     except RuntimeError:
         return
     _startup_check_scheduled = True
@@ -161,12 +201,7 @@ def schedule_startup_check(poll_seconds: float = 0.05, give_up_seconds: float = 
             print(f"litellm_ratebalance: refusing to start, {exc}", file=sys.stderr, flush=True)
             os._exit(EXIT_CONFIG)
 
-    task = loop.create_task(check())
-    _background_tasks.add(task)
-    task.add_done_callback(_background_tasks.discard)
-
-
-_background_tasks: set[asyncio.Task[None]] = set()
+    _spawn(check())
 
 
 def get_runtime() -> Runtime:
