@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from litellm_ratebalance.errors import ConfigurationError
@@ -72,9 +74,9 @@ def _bounds_at(exc: ValidationError, loc: list[str]) -> tuple[object, object] | 
         # An entry of a dict-valued field: the bounds sit on the dict's value type.
         parent = _model_at(exc, loc[:-2])
         field = parent.model_fields.get(loc[-2]) if parent is not None else None
-        args = getattr(field.annotation, "__args__", ()) if field is not None else ()
+        args: tuple[Any, ...] = tuple(getattr(field.annotation, "__args__", ())) if field is not None else ()
         if len(args) == 2:
-            for meta in getattr(args[1], "__metadata__", ()):
+            for meta in getattr(args[-1], "__metadata__", ()):
                 # Field(...) inside Annotated keeps its bounds in its own .metadata (Ge/Le objects).
                 metadata.extend(getattr(meta, "metadata", [meta]))
     if not metadata:

@@ -96,20 +96,24 @@ class Runtime:
 
             client = aioredis.Redis.from_url(url)
             logger.info("litellm_ratebalance: using the Redis at ratebalance.redis_url (credentials not shown)")
-            return RedisStore(client, keys, owns_client=True, **self._store_timing(settings))
+            return RedisStore(
+                client,
+                keys,
+                owns_client=True,
+                timeout_seconds=settings.ratebalance.store_timeout_seconds,
+                cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
+            )
         cache = _litellm.discover_redis_cache()
         if cache is not None:
             logger.info("litellm_ratebalance: using the proxy's Redis")
-            return RedisStore(cache.init_async_client, keys, **self._store_timing(settings))
+            return RedisStore(
+                cache.init_async_client,
+                keys,
+                timeout_seconds=settings.ratebalance.store_timeout_seconds,
+                cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
+            )
         logger.info("litellm_ratebalance: no Redis configured; using the embedded store (limits per process)")
         return MemoryStore(keys)
-
-    @staticmethod
-    def _store_timing(settings: Settings) -> dict[str, float]:
-        return {
-            "timeout_seconds": settings.ratebalance.store_timeout_seconds,
-            "cooldown_seconds": settings.ratebalance.store_retry_after_seconds,
-        }
 
     # -- router ---------------------------------------------------------------------------------------
     def router(self) -> Any | None:
