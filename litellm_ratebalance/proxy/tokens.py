@@ -28,8 +28,30 @@ def requested_output_tokens(data: Mapping[str, Any], default: int, ceiling: int)
     return min(default, ceiling)
 
 
+_PROMPT_TOKENS_KEY = "ratebalance_prompt_tokens"
+"""Request-metadata key caching the prompt count, so the limiter and the contracts count it once."""
+
+
 def prompt_tokens(model: str, data: Mapping[str, Any]) -> int:
-    """Input tokens by LiteLLM's token counter (chat messages, a text prompt or embedding input)."""
+    """Input tokens by LiteLLM's token counter (chat messages, a text prompt or embedding input).
+
+    The count is cached in the request's metadata: every part that needs it in one request's pre-call
+    hooks pays for tokenising once.
+    """
+    metadata = data.get("metadata")
+    if isinstance(metadata, dict):
+        cached = metadata.get(_PROMPT_TOKENS_KEY)
+        if isinstance(cached, int):
+            return cached
+    count = _count_prompt_tokens(model, data)
+    if isinstance(metadata, dict):
+        metadata[_PROMPT_TOKENS_KEY] = count
+    elif isinstance(data, dict) and metadata is None:
+        data["metadata"] = {_PROMPT_TOKENS_KEY: count}
+    return count
+
+
+def _count_prompt_tokens(model: str, data: Mapping[str, Any]) -> int:
     import litellm
 
     try:

@@ -168,3 +168,22 @@ async def test_tpm_holds_under_concurrency_within_estimation_error(redis_server)
     assert snapshot is not None and snapshot.tokens == served
     for client in clients:
         await client.aclose()
+
+
+def test_prompt_tokens_are_counted_once_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    import litellm
+
+    from litellm_ratebalance.proxy.tokens import estimate_tokens
+
+    calls = []
+    real = litellm.token_counter
+
+    def counting(*args: object, **kwargs: object) -> int:
+        calls.append(1)
+        return int(real(*args, **kwargs))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(litellm, "token_counter", counting)
+    data = request(max_tokens=7, content="hello there")
+    first = estimate_tokens("m", data, "total", 0, 100)
+    second = estimate_tokens("m", data, "input", 0, 100)
+    assert len(calls) == 1 and first == second + 7 and second > 0
