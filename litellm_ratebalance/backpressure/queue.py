@@ -106,20 +106,27 @@ class FairQueue(Generic[T]):
                 best, best_key = head, key
         return best
 
-    def pop(self) -> QueueEntry[T] | None:
-        """Remove and return :meth:`peek`'s entry, charging its client ``cost / weight``."""
-        entry = self.peek()
+    def pop(self, entry: QueueEntry[T] | None = None) -> QueueEntry[T] | None:
+        """Remove and return ``entry`` (default: :meth:`peek`'s), charging its client ``cost / weight``.
+
+        Passing the entry a caller peeked at earlier serves exactly that one, even if a request of a higher
+        tier arrived in between (it is next)."""
         if entry is None:
+            entry = self.peek()
+        if entry is None or not self._contains(entry):
             return None
         self._remove(entry)
         self._counters[entry.client] = self._counters.get(entry.client, 0.0) + entry.cost / entry.weight
         self._forget_if_empty()
         return entry
 
+    def _contains(self, entry: QueueEntry[T]) -> bool:
+        entries = self._clients.get(entry.rank, {}).get(entry.client)
+        return entries is not None and any(e is entry for e in entries)
+
     def remove(self, entry: QueueEntry[T]) -> bool:
         """Take out an entry that gave up (timed out, cancelled) without charging it."""
-        entries = self._clients.get(entry.rank, {}).get(entry.client)
-        if not entries or entry not in entries:
+        if not self._contains(entry):
             return False
         self._remove(entry)
         self._forget_if_empty()

@@ -1,0 +1,435 @@
+"""A fake vLLM-like inference server on loopback: continuous batching, latency that grows with the batch,
+a KV cache that runs out (simulated OOM), and a Prometheus ``/metrics`` endpoint.
+
+The model of the GPU (all parameters in :class:`ServerSpec`):
+
+* **Continuous batching.** Up to ``max_num_seqs`` requests run; more wait in the server's own queue
+  (``vllm:num_requests_waiting``). Every engine step, each running request produces one output token.
+* **Latency grows with load.** A step takes ``step_seconds`` while at most ``knee`` requests run (decoding is
+  memory-bound, the batch is free), and ``step_seconds x running / knee`` beyond it (compute-bound: the
+  server's token throughput is flat past the knee, each request slows down). Requests that join a step add
+  their prefill, ``prompt_tokens / prefill_tokens_per_second``, to it.
+* **Memory cliff.** Each running request holds ``prompt + generated`` tokens of KV cache. When the cache
+  would pass ``memory_tokens``, the server fails like a GPU out of memory: every running request gets a
+  500 ``CUDA out of memory (simulated)`` and the cache is emptied. There is no graceful degradation.
+* A request generates exactly ``max_tokens`` tokens (``default_max_tokens`` when unset), as benchmark
+  clients that ignore end-of-sequence do, so its cost is known in advance.
+
+Endpoints: ``POST /v1/chat/completions`` (non-streaming OpenAI JSON with usage), ``GET /metrics`` (vLLM
+names, or TGI's with ``metrics_flavor="tgi"``), and control endpoints under ``/_sim/``: ``stats``
+(counters), ``reset``, ``metrics_down`` (make ``/metrics`` answer 503, to test degradation).
+
+Use in-process with :class:`InferenceServer` (``async with``) or in a child process with
+:class:`InferenceServerProcess`, so a load generator's CPU does not distort the served timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import ClientSession, ClientTimeout, web
+
+__all__ = ["InferenceServer", "InferenceServerProcess", "ServerSpec", "ServerStats"]
+
+_CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Behaviour of the simulated server (seconds, tokens)."""
+
+    knee: int = 8
+    step_seconds: float = 0.02
+    max_num_seqs: int = 64
+    memory_tokens: int = 4096
+    prefill_tokens_per_second: float = 50_000.0
+    default_max_tokens: int = 64
+    model: str = "sim-llm"
+    metrics_flavor: Literal["vllm", "tgi"] = "vllm"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServerSpec:
+        return cls(**data)
+
+    def capacity_tokens_per_second(self) -> float:
+        """Output tokens per second with the batch at or past the knee (decode only)."""
+        return self.knee / self.step_seconds
+
+
+@dataclass
+class ServerStats:
+    """Counters since the last reset."""
+
+    completed: int = 0
+    output_tokens: int = 0
+    oom_events: int = 0
+    oom_failures: int = 0
+    """Requests failed by a simulated out-of-memory."""
+    peak_running: int = 0
+    peak_memory_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt_tokens: int
+    max_tokens: int
+    done: asyncio.Future[int]
+    generated: int = 0
+    prefilled: bool = False
+
+    @property
+    def memory(self) -> int:
+        return self.prompt_tokens + self.generated
+
+
+@dataclass
+class _Engine:
+    spec: ServerSpec
+    running: list[_Request] = field(default_factory=list)
+    waiting: list[_Request] = field(default_factory=list)
+    stats: ServerStats = field(default_factory=ServerStats)
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def memory_used(self) -> int:
+        return sum(r.memory for r in self.running)
+
+    def submit(self, prompt_tokens: int, max_tokens: int) -> asyncio.Future[int]:
+        request = _Request(prompt_tokens, max_tokens, asyncio.get_running_loop().create_future())
+        self.waiting.append(request)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run())
+        return request.done
+
+    async def _run(self) -> None:
+        # Runs while there is work; exits when both lists are empty (next submit starts it again).
+        while self.running or self.waiting:
+            while self.waiting and len(self.running) < self.spec.max_num_seqs:
+                self.running.append(self.waiting.pop(0))
+            self.running = [r for r in self.running if not r.done.done()]  # clients that went away
+            prefill = sum(r.prompt_tokens for r in self.running if not r.prefilled)
+            for request in self.running:
+                request.prefilled = True
+            if self._out_of_memory(extra=len(self.running)):
+                continue
+            n = len(self.running)
+            self.stats.peak_running = max(self.stats.peak_running, n)
+            step = self.spec.step_seconds * max(1.0, n / self.spec.knee) + prefill / self.spec.prefill_tokens_per_second
+            await asyncio.sleep(step)
+            finished: list[_Request] = []
+            for request in self.running:
+                request.generated += 1
+                if request.generated >= request.max_tokens:
+                    finished.append(request)
+            self.stats.peak_memory_tokens = max(self.stats.peak_memory_tokens, self.memory_used)
+            for request in finished:
+                self.running.remove(request)
+                self.stats.completed += 1
+                self.stats.output_tokens += request.generated
+                if not request.done.done():
+                    request.done.set_result(request.generated)
+
+    def _out_of_memory(self, extra: int) -> bool:
+        """The next step needs one more token of cache per running request; past capacity, all fail."""
+        if self.memory_used + extra <= self.spec.memory_tokens:
+            return False
+        self.stats.oom_events += 1
+        self.stats.oom_failures += len(self.running)
+        for request in self.running:
+            if not request.done.done():
+                request.done.set_exception(MemoryError(f"needed {self.memory_used + extra} KV-cache tokens"))
+        self.running = []
+        return True
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    chars = 0
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
+    return max(1, math.ceil(chars / _CHARS_PER_TOKEN))
+
+
+class InferenceServer:
+    """The simulated server in this process: ``async with InferenceServer(spec) as server: server.api_base``."""
+
+    def __init__(self, spec: ServerSpec | None = None, *, port: int = 0) -> None:
+        self.spec = spec or ServerSpec()
+        self._engine = _Engine(self.spec)
+        self._metrics_down = False
+        self._runner: web.AppRunner | None = None
+        self._port = port
+
+    # -- state ------------------------------------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        return len(self._engine.running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._engine.waiting)
+
+    @property
+    def memory_used(self) -> int:
+        return self._engine.memory_used
+
+    @property
+    def stats(self) -> ServerStats:
+        return self._engine.stats
+
+    @property
+    def url(self) -> str:
+        if self._port == 0:
+            raise RuntimeError("server not started")
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def api_base(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def metrics_url(self) -> str:
+        return self.url + "/metrics"
+
+    def reset(self) -> None:
+        self._engine.stats = ServerStats()
+
+    def set_metrics_down(self, down: bool) -> None:
+        self._metrics_down = down
+
+    # -- HTTP -------------------------------------------------------------------------------------------
+    async def _chat(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "body is not JSON", "invalid_request_error")
+        if body.get("stream"):
+            return _error(400, "the simulated server does not stream", "invalid_request_error")
+        prompt = _prompt_tokens(body)
+        raw_max = body.get("max_completion_tokens") or body.get("max_tokens") or self.spec.default_max_tokens
+        max_tokens = max(1, int(raw_max))
+        if prompt + max_tokens > self.spec.memory_tokens:
+            return _error(400, "prompt + max_tokens exceed the model's context", "invalid_request_error")
+        future = self._engine.submit(prompt, max_tokens)
+        try:
+            generated = await future
+        except MemoryError as exc:
+            return _error(500, f"CUDA out of memory (simulated): {exc}", "server_error")
+        payload = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.spec.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": " ".join(["tok"] * generated)},
+                    "finish_reason": "length",
+                }
+            ],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
+        }
+        return web.json_response(payload)
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        if self._metrics_down:
+            return web.Response(status=503, text="metrics unavailable (simulated)\n")
+        return web.Response(text=self.metrics_text(), content_type="text/plain")
+
+    def metrics_text(self) -> str:
+        """The Prometheus text exposition ``/metrics`` serves."""
+        engine = self._engine
+        if self.spec.metrics_flavor == "tgi":
+            batch_tokens = sum(r.prompt_tokens + r.max_tokens for r in engine.running)
+            rows: list[tuple[str, str, str, float]] = [
+                ("tgi_queue_size", "gauge", "", len(engine.waiting)),
+                ("tgi_batch_current_size", "gauge", "", len(engine.running)),
+                ("tgi_batch_current_max_tokens", "gauge", "", batch_tokens),
+            ]
+        else:
+            label = f'{{model_name="{self.spec.model}"}}'
+            rows = [
+                ("vllm:num_requests_running", "gauge", label, len(engine.running)),
+                ("vllm:num_requests_waiting", "gauge", label, len(engine.waiting)),
+                ("vllm:gpu_cache_usage_perc", "gauge", label, engine.memory_used / self.spec.memory_tokens),
+            ]
+        lines: list[str] = []
+        row: tuple[str, str, str, float]
+        for row in rows:
+            name, kind, labels, value = row
+            lines += [f"# HELP {name} simulated", f"# TYPE {name} {kind}", f"{name}{labels} {float(value)}"]
+        return "\n".join(lines) + "\n"
+
+    async def _stats(self, _: web.Request) -> web.Response:
+        data = self.stats.to_dict()
+        data.update(running=self.running, waiting=self.waiting, memory_used=self.memory_used)
+        return web.json_response(data)
+
+    async def _reset(self, _: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"ok": True})
+
+    async def _set_metrics_down(self, request: web.Request) -> web.Response:
+        self.set_metrics_down(bool((await request.json()).get("down", True)))
+        return web.json_response({"ok": True})
+
+    async def start(self) -> InferenceServer:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/chat/completions", self._chat)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/_sim/stats", self._stats)
+        app.router.add_post("/_sim/reset", self._reset)
+        app.router.add_post("/_sim/metrics_down", self._set_metrics_down)
+        # handler_cancellation: a client that gives up frees its place in the batch, as a real server would.
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self._port))
+        site = web.SockSite(self._runner, sock, shutdown_timeout=0.5, backlog=1024)
+        await site.start()
+        self._port = int(sock.getsockname()[1])
+        return self
+
+    async def stop(self) -> None:
+        task = self._engine.task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> InferenceServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+class InferenceServerProcess:
+    """:class:`InferenceServer` in a child process (exits when this handle closes or its parent dies)."""
+
+    def __init__(self, spec: ServerSpec | None = None, *, start_timeout: float = 20.0) -> None:
+        self.spec = spec or ServerSpec()
+        self._start_timeout = start_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._session: ClientSession | None = None
+        self.url = ""
+
+    @property
+    def api_base(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def metrics_url(self) -> str:
+        return self.url + "/metrics"
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "litellm_ratebalance.simulate.inference_server", "--spec", "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert process.stdin is not None
+        process.stdin.write(json.dumps(self.spec.to_dict()).encode() + b"\n")
+        process.stdin.flush()
+        return process
+
+    async def start(self) -> InferenceServerProcess:
+        self._process = await asyncio.to_thread(self._spawn)
+        assert self._process.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self._process.stdout.readline), self._start_timeout)
+        if not line:
+            raise RuntimeError("inference server process exited before reporting its address")
+        self.url = str(json.loads(line)["url"])
+        self._session = ClientSession(timeout=ClientTimeout(total=10))
+        return self
+
+    async def stats(self) -> ServerStats:
+        assert self._session is not None, "not started"
+        async with self._session.get(self.url + "/_sim/stats") as response:
+            data = await response.json()
+        return ServerStats(**{k: data[k] for k in ServerStats.__dataclass_fields__})
+
+    async def reset(self) -> None:
+        assert self._session is not None, "not started"
+        async with self._session.post(self.url + "/_sim/reset") as response:
+            response.raise_for_status()
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(process.wait), 5)
+        except asyncio.TimeoutError:
+            process.terminate()
+            await asyncio.to_thread(process.wait)
+        if process.stdout is not None:
+            process.stdout.close()
+
+    async def __aenter__(self) -> InferenceServerProcess:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def _serve_until_stdin_closes(spec: ServerSpec) -> None:
+    async with InferenceServer(spec) as server:
+        print(json.dumps({"url": server.url}), flush=True)
+        await asyncio.to_thread(sys.stdin.buffer.read)  # EOF: the parent closed it or died
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m litellm_ratebalance.simulate.inference_server [--spec FILE|-]``: serve one simulated
+    server, print ``{"url": ...}`` as one line, serve until stdin closes."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--spec", help="JSON file of a ServerSpec, or - for the first line of stdin")
+    args = parser.parse_args(argv)
+    if args.spec == "-":
+        spec = ServerSpec.from_dict(json.loads(sys.stdin.buffer.readline()))
+    elif args.spec:
+        with open(args.spec, encoding="utf-8") as handle:
+            spec = ServerSpec.from_dict(json.load(handle))
+    else:
+        spec = ServerSpec()
+    asyncio.run(_serve_until_stdin_closes(spec))
+
+
+if __name__ == "__main__":
+    main()
