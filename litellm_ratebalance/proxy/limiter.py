@@ -58,6 +58,9 @@ TICKET_KEY = "ratebalance_admission"
 
 _MAX_OPEN_TICKETS = 100_000
 
+_NO_OUTPUT_CALL_TYPES = frozenset({"embedding", "aembedding", "moderation", "amoderation", "rerank", "arerank"})
+"""LiteLLM call types whose responses have no output tokens: no default output estimate is reserved."""
+
 
 @dataclass(slots=True)
 class _Ticket:
@@ -143,12 +146,12 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
     ) -> dict[str, Any] | None:
         started = time.perf_counter()
         try:
-            await self._admit(user_api_key_dict, data)
+            await self._admit(user_api_key_dict, data, call_type)
         finally:
             self._latency.labels("limiter", "pre_call").observe(time.perf_counter() - started)
         return None
 
-    async def _admit(self, user_api_key_dict: Any, data: dict[str, Any]) -> None:
+    async def _admit(self, user_api_key_dict: Any, data: dict[str, Any], call_type: Any = None) -> None:
         runtime = self._runtime()
         try:
             derived = self._config()
@@ -175,7 +178,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
                 model_group,
                 data,
                 derived.settings.effective_token_type,
-                limiter_settings.default_output_tokens,
+                0 if _produces_no_output(call_type) else limiter_settings.default_output_tokens,
                 limiter_settings.max_reserved_output_tokens,
             )
             if capacity.tpm is not None
@@ -322,6 +325,11 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             runtime.faults.record("rate_limiter", exc, self._config().settings)
         except Exception:
             logger.exception("litellm_ratebalance rate_limiter: settling a reservation failed")
+
+
+def _produces_no_output(call_type: Any) -> bool:
+    """True for embeddings and the like (the proxy passes its route type, e.g. ``"aembedding"``)."""
+    return str(getattr(call_type, "value", call_type)) in _NO_OUTPUT_CALL_TYPES
 
 
 def _ticket_entry(container: Mapping[str, Any] | None) -> dict[str, Any] | None:
