@@ -31,7 +31,7 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.runtime import Runtime, get_runtime
+from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 from litellm_ratebalance.routing.balancer import Candidate, RateBalancer
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import RateLimitObservation, parse_reset_seconds
@@ -187,17 +187,18 @@ def record_call(balancer: RateBalancer, kwargs: Mapping[str, Any], ok: bool) -> 
 
 
 class _BalancerSource:
-    """The RateBalancer of the current runtime: rebuilt when tests or SDK users reset / reconfigure it."""
+    """The RateBalancer of a runtime: rebuilt when tests or SDK users reset or reconfigure it."""
 
-    __slots__ = ("_balancer", "_runtime", "_settings")
+    __slots__ = ("_balancer", "_own_runtime", "_runtime", "_settings")
 
-    def __init__(self) -> None:
+    def __init__(self, runtime: Runtime | None = None) -> None:
+        self._own_runtime = runtime
         self._balancer: RateBalancer | None = None
         self._runtime: Runtime | None = None
         self._settings: object = None
 
     def get(self) -> RateBalancer:
-        runtime = get_runtime()
+        runtime = self._own_runtime if self._own_runtime is not None else get_runtime()
         settings = runtime.settings()
         if self._balancer is None or runtime is not self._runtime or settings is not self._settings:
             self._runtime, self._settings = runtime, settings
@@ -213,14 +214,17 @@ class _BalancerSource:
 class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
     """Proxy callback: narrows the healthy deployments to the rate-balanced pick and records outcomes.
 
-    Built with no arguments at config load; settings, store and router are resolved on first use from
-    :func:`~litellm_ratebalance.proxy.runtime.get_runtime`. ``balancer`` pins a core (tests, SDK).
+    Built with no arguments at config load; settings and store are resolved on first use from the
+    process runtime (:func:`~litellm_ratebalance.proxy.runtime.get_runtime`), or from ``runtime`` when
+    given. ``balancer`` pins a core instead (tests, sharing one core with an SDK strategy).
     """
 
-    def __init__(self, balancer: RateBalancer | None = None) -> None:
+    def __init__(self, runtime: Runtime | None = None, *, balancer: RateBalancer | None = None) -> None:
         super().__init__()
         self._pinned = balancer
-        self._source = _BalancerSource()
+        self._source = _BalancerSource(runtime)
+        if runtime is None and balancer is None:
+            schedule_startup_check()
 
     def balancer(self) -> RateBalancer:
         """The core this callback routes with (weights() / estimates() for status output)."""
@@ -287,8 +291,8 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         router = litellm.Router(model_list=...)
         RateBalancedRouting(router).install()      # then: await router.acompletion(model="group", ...)
 
-    ``settings`` / ``store`` default to the process runtime's (``ratebalance.routing``, the configured
-    Redis or the embedded store); ``balancer`` shares a core with other users. Async calls are balanced;
+    ``settings`` / ``store`` default to those of ``runtime`` (the process runtime unless given:
+    ``ratebalance.routing``, the configured Redis or the embedded store); ``balancer`` shares a core. Async calls are balanced;
     the Router's synchronous calls fall back to its own strategy (LiteLLM runs no async logging for them,
     so nothing would be recorded).
     """
@@ -300,12 +304,14 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         *,
         store: RoutingStore | None = None,
         balancer: RateBalancer | None = None,
+        runtime: Runtime | None = None,
     ) -> None:
         self.router = router
         if balancer is None and (settings is not None or store is not None):
-            balancer = RateBalancer(store if store is not None else get_runtime().store, settings)
+            source = runtime if runtime is not None else get_runtime()
+            balancer = RateBalancer(store if store is not None else source.store, settings)
         self._pinned = balancer
-        self._source = _BalancerSource()
+        self._source = _BalancerSource(runtime)
         self.recorder = _StrategyRecorder(self)
 
     def balancer(self) -> RateBalancer:

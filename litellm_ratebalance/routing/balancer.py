@@ -92,7 +92,7 @@ class DeploymentEstimate:
 class _Derived:
     """What a sync leaves for the decisions until the next one."""
 
-    __slots__ = ("now_ms", "recent", "stall_after", "usage", "window", "window_full")
+    __slots__ = ("failure_weights", "now_ms", "recent", "stall_after", "usage", "window", "window_full")
 
     def __init__(self) -> None:
         self.now_ms = 0
@@ -100,6 +100,8 @@ class _Derived:
         """Per deployment: the samples the estimator uses (adaptive window when enabled)."""
         self.window_full: dict[str, RateAggregate] = {}
         self.recent: dict[str, RateAggregate] = {}
+        self.failure_weights: dict[str, tuple[float, float]] = {}
+        """Per deployment: (attempts, failures) of the failure window, each bucket weighted by its age."""
         self.usage: dict[str, RateAggregate] = {}
         self.stall_after: dict[str, float] = {}
         """Per deployment: seconds in flight after which a request counts as stalled."""
@@ -444,6 +446,7 @@ class RateBalancer:
         width = self._bucket_ms
         adaptive = self.settings.adaptive_window
         min_samples = self.settings.adaptive_min_samples
+        half_life_ms = self.settings.failure_half_life_seconds * 1000.0
         for index in sorted(buckets, reverse=True):  # newest first, for the adaptive window
             end = (index + 1) * width
             in_window = end > now_ms - self._window_ms
@@ -451,6 +454,11 @@ class RateBalancer:
             in_usage = end > now_ms - _USAGE_WINDOW_MS
             if not (in_window or in_recent or in_usage):
                 continue
+            decay = 1.0
+            if half_life_ms > 0:
+                # Age of the bucket's middle: the newest failures count most, so a deployment that starts
+                # failing loses its share within a few half-lives, not after the whole failure window.
+                decay = 0.5 ** (max(now_ms - (end - width / 2), 0.0) / half_life_ms)
             for deployment_id, agg in buckets[index].items():
                 if in_window:
                     _add_to(derived.window_full, deployment_id, agg)
@@ -460,6 +468,11 @@ class RateBalancer:
                             _add_to(derived.window, deployment_id, agg)
                 if in_recent:
                     _add_to(derived.recent, deployment_id, agg)
+                    attempts, failures = derived.failure_weights.get(deployment_id, (0.0, 0.0))
+                    derived.failure_weights[deployment_id] = (
+                        attempts + decay * agg.count,
+                        failures + decay * agg.failures,
+                    )
                 if in_usage:
                     _add_to(derived.usage, deployment_id, agg)
         if not adaptive:
@@ -514,15 +527,17 @@ class RateBalancer:
         derived = view.derived
         empty = RateAggregate()
         states: list[DeploymentState] = []
+        # (recent counts of the failure penalty are age-weighted, see _derive)
         for i, c in enumerate(candidates):
             window = derived.window.get(c.id, empty)
-            recent = derived.recent.get(c.id, empty)
+            attempts, failures = derived.failure_weights.get(c.id, (0.0, 0.0))
+            # A stalled request is a failure happening now: full weight.
             extra = stalled[i] if stalled is not None else 0
             states.append(
                 DeploymentState(
                     window=window,
-                    recent_attempts=recent.count + extra,
-                    recent_failures=recent.failures + extra,
+                    recent_attempts=attempts + extra,
+                    recent_failures=failures + extra,
                     capacity=self._capacity(view, c),
                 )
             )

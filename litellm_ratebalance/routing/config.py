@@ -57,6 +57,9 @@ class RoutingSettings(SettingsModel):
     that looked bad is tried again and its recovery seen."""
     failure_window_seconds: Annotated[int, Field(ge=1, le=3600)] = 10
     """Recent window in which the failure share of a deployment is measured."""
+    failure_half_life_seconds: Annotated[float, Field(ge=0.0, le=3600.0)] = 2.0
+    """Inside the failure window, a bucket's attempts and failures count ``0.5 ** (age / half-life)``, so
+    fresh failures dominate; 0 weighs the whole failure window equally."""
     failure_penalty: Annotated[float, Field(ge=0.0, le=100.0)] = 4.0
     """Weight multiplier ``(1 - recent failure share) ** failure_penalty``; 0 disables it. Failures are also
     zero-rate samples in the window either way."""
@@ -65,10 +68,10 @@ class RoutingSettings(SettingsModel):
     minute's usage) a deployment's share is scaled down linearly, to 0 at exhaustion. 0 disables it."""
     rate_limit_header_max_age_seconds: Annotated[float, Field(ge=1.0, le=3600.0)] = 60.0
     """A deployment's latest ``x-ratelimit-*`` headers are trusted this long (or until their reset time)."""
-    stall_latency_factor: Annotated[float, Field(ge=0.0, le=1000.0)] = 4.0
+    stall_latency_factor: Annotated[float, Field(ge=0.0, le=1000.0)] = 3.0
     """A request in flight longer than this many times the deployment's mean latency (and at least
     ``stall_min_seconds``) counts as a recent failure until it finishes. 0 disables stall detection."""
-    stall_min_seconds: Annotated[float, Field(ge=0.1, le=3600.0)] = 10.0
+    stall_min_seconds: Annotated[float, Field(ge=0.1, le=3600.0)] = 5.0
     adaptive_window: bool = False
     """Use, per deployment, only its newest buckets that hold ``adaptive_min_samples`` samples (at most
     ``window_seconds``): busy deployments are judged on recent samples, quiet ones keep their history."""

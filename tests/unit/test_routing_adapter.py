@@ -94,7 +94,7 @@ async def test_filter_narrows_to_one_weighted_pick() -> None:
     feed(balancer, "g", "a", [100.0 + i for i in range(20)])
     feed(balancer, "g", "b", [10.0 + i for i in range(20)])
     await balancer.refresh("g")
-    callback = RateBalancerCallback(balancer)
+    callback = RateBalancerCallback(balancer=balancer)
     healthy = [deployment("a"), deployment("b")]
     picks = [
         await callback.async_filter_deployments("g", healthy, [{"role": "user", "content": "hi"}]) for _ in range(50)
@@ -105,7 +105,7 @@ async def test_filter_narrows_to_one_weighted_pick() -> None:
 
 async def test_filter_keeps_fanout_lookups_and_single_deployments() -> None:
     balancer, _ = make_balancer()
-    callback = RateBalancerCallback(balancer)
+    callback = RateBalancerCallback(balancer=balancer)
     healthy = [deployment("a"), deployment("b")]
     fanout = [{"role": "user", "content": "files-api-fake-text"}]
     assert await callback.async_filter_deployments("g", healthy, fanout) == healthy
@@ -114,7 +114,7 @@ async def test_filter_keeps_fanout_lookups_and_single_deployments() -> None:
 
 async def test_filter_picks_inside_the_order_group_the_router_keeps() -> None:
     balancer, _ = make_balancer()
-    callback = RateBalancerCallback(balancer)
+    callback = RateBalancerCallback(balancer=balancer)
     healthy = [deployment("a", order=2), deployment("b", order=1), deployment("c", order=1)]
     for _ in range(20):
         (pick,) = await callback.async_filter_deployments("g", healthy, None, request_kwargs={})
@@ -134,6 +134,6 @@ async def test_filter_errors_leave_the_routers_choice() -> None:
         def choose(self, *args: object) -> int:
             raise RuntimeError("boom")
 
-    callback = RateBalancerCallback(Broken())  # type: ignore[arg-type]
+    callback = RateBalancerCallback(balancer=Broken())  # type: ignore[arg-type]
     healthy = [deployment("a"), deployment("b")]
     assert await callback.async_filter_deployments("g", healthy, None) == healthy

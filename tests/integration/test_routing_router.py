@@ -1,0 +1,152 @@
+"""Through a real litellm.Router with mock deployments: the proxy's filter path and the SDK strategy.
+
+Deployment ``fast`` answers after 5 ms, ``slow`` after 60 ms (same mock completion, so ~12x the rate).
+Both paths must pick with the balancer (one deployment left after the filter; the strategy's return),
+record every call (success and failure), and end up sending most traffic to ``fast``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import litellm
+import pytest
+
+from litellm_ratebalance.proxy.routing import RateBalancedRouting, RateBalancerCallback, rate_balancer
+from litellm_ratebalance.proxy.runtime import Runtime, configure, reset_runtime
+from litellm_ratebalance.routing import Candidate, DeploymentEstimate, RateBalancer, RoutingSettings
+from litellm_ratebalance.settings import parse_settings
+from litellm_ratebalance.store import MemoryStore
+
+FAST = {
+    "model_name": "g",
+    "litellm_params": {"model": "openai/fast", "api_key": "sk-x", "mock_response": "Hello world!", "mock_delay": 0.005},
+    "model_info": {"id": "fast"},
+}
+SLOW = {
+    "model_name": "g",
+    "litellm_params": {"model": "openai/slow", "api_key": "sk-x", "mock_response": "Hello world!", "mock_delay": 0.06},
+    "model_info": {"id": "slow"},
+}
+BROKEN = {
+    "model_name": "g",
+    "litellm_params": {"model": "openai/broken", "api_key": "sk-x", "mock_response": "litellm.InternalServerError"},
+    "model_info": {"id": "broken"},
+}
+ROUTING = {"refresh_interval": 0.01, "exploration_share": 0.02}
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_callbacks() -> Iterator[None]:
+    saved = list(litellm.callbacks)
+    litellm.callbacks = []
+    reset_runtime()
+    yield
+    litellm.callbacks = saved
+    reset_runtime()
+
+
+def router(*deployments: dict[str, Any]) -> Any:
+    # No cooldowns: the broken deployment must stay a candidate, so the balancer's own penalty is seen.
+    return litellm.Router(model_list=[dict(d) for d in deployments], num_retries=0, disable_cooldowns=True)
+
+
+async def drive(r: Any, n: int) -> Counter[str]:
+    served: Counter[str] = Counter()
+    for _ in range(n):
+        try:
+            response = await r.acompletion(model="g", messages=MESSAGES)
+        except litellm.InternalServerError:
+            served["error"] += 1
+            continue
+        served[response._hidden_params["model_id"]] += 1
+    return served
+
+
+async def settle(balancer: RateBalancer, ids: tuple[str, ...], calls: int) -> dict[str, DeploymentEstimate]:
+    """Refresh until every call's outcome is recorded (LiteLLM logs success in a background task)."""
+    candidates = tuple(Candidate(i) for i in ids)
+    for _ in range(100):
+        await balancer.refresh("g")
+        estimates = balancer.estimates("g", candidates)
+        if sum(e.samples for e in estimates.values()) >= calls:
+            return estimates
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"only {balancer.estimates('g', candidates)} recorded of {calls} calls")
+
+
+async def test_proxy_callback_picks_through_the_filter_and_records() -> None:
+    configure(settings=parse_settings({"ratebalance": {"routing": ROUTING}}), store=MemoryStore())
+    litellm.callbacks = [rate_balancer]
+    r = router(FAST, SLOW)
+    warm = await drive(r, 20)
+    assert warm["fast"] and warm["slow"]  # bootstrap: both tried
+    await rate_balancer.balancer().refresh("g")
+    later = await drive(r, 40)
+    assert later["fast"] >= 30, later
+    estimates = await settle(rate_balancer.balancer(), ("fast", "slow"), 60)
+    assert estimates["fast"].samples + estimates["slow"].samples == 60
+    assert estimates["fast"].mean_rate > 3 * estimates["slow"].mean_rate
+    assert estimates["fast"].share is not None and estimates["fast"].share > 0.8
+
+
+async def test_filter_returns_one_deployment_inside_the_router() -> None:
+    seen: list[int] = []
+
+    class Spy(RateBalancerCallback):
+        async def async_filter_deployments(self, *args: Any, **kwargs: Any) -> list[Any]:
+            result = await super().async_filter_deployments(*args, **kwargs)
+            seen.append(len(result))
+            return result
+
+    runtime = Runtime()
+    runtime.configure(settings=parse_settings({"ratebalance": {"routing": ROUTING}}), store=MemoryStore())
+    litellm.callbacks = [Spy(runtime)]
+    await drive(router(FAST, SLOW, BROKEN), 10)
+    assert seen == [1] * 10
+
+
+async def test_failures_are_recorded_and_penalised() -> None:
+    configure(settings=parse_settings({"ratebalance": {"routing": ROUTING}}), store=MemoryStore())
+    litellm.callbacks = [rate_balancer]
+    r = router(FAST, BROKEN)
+    first = await drive(r, 20)
+    assert first["error"] > 0
+    estimates = await settle(rate_balancer.balancer(), ("fast", "broken"), 20)
+    assert estimates["broken"].failures == first["error"]
+    later = await drive(r, 30)
+    assert later["error"] <= 3, later
+
+
+async def test_sdk_strategy_picks_healthy_deployments_and_records() -> None:
+    r = router(FAST, SLOW)
+    strategy = RateBalancedRouting(r, RoutingSettings(**ROUTING), store=MemoryStore()).install()
+    try:
+        assert strategy.recorder in litellm.callbacks
+        warm = await drive(r, 20)
+        assert warm["fast"] and warm["slow"]
+        await strategy.balancer().refresh("g")
+        later = await drive(r, 40)
+        assert later["fast"] >= 30, later
+        estimates = await settle(strategy.balancer(), ("fast", "slow"), 60)
+        assert estimates["fast"].samples + estimates["slow"].samples == 60
+    finally:
+        strategy.uninstall()
+    assert strategy.recorder not in litellm.callbacks
+    assert "async_get_available_deployment" not in vars(r)
+
+
+async def test_sdk_strategy_respects_cooldown() -> None:
+    r = litellm.Router(model_list=[dict(FAST), dict(BROKEN)], num_retries=0, allowed_fails=0, cooldown_time=60)
+    strategy = RateBalancedRouting(r, RoutingSettings(**ROUTING), store=MemoryStore()).install()
+    try:
+        served = await drive(r, 30)
+        # The Router's health/cooldown filtering ran first: after a failure, broken is cooled down.
+        assert served["error"] <= 2, served
+        assert served["fast"] >= 28
+    finally:
+        strategy.uninstall()
