@@ -292,9 +292,9 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         RateBalancedRouting(router).install()      # then: await router.acompletion(model="group", ...)
 
     ``settings`` / ``store`` default to those of ``runtime`` (the process runtime unless given:
-    ``ratebalance.routing``, the configured Redis or the embedded store); ``balancer`` shares a core. Async calls are balanced;
-    the Router's synchronous calls fall back to its own strategy (LiteLLM runs no async logging for them,
-    so nothing would be recorded).
+    ``ratebalance.routing``, the configured Redis or the embedded store); ``balancer`` shares a core.
+    Async calls are balanced; the Router's synchronous calls fall back to its own strategy (LiteLLM runs
+    no async logging for them, so nothing would be recorded).
     """
 
     def __init__(

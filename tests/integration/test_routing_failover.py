@@ -66,7 +66,7 @@ def share(picks: list[tuple[float, int]], start: float, end: float) -> float:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("failure", ["errors", "stall"])
 async def test_failing_deployment_loses_90_percent_of_its_share_within_10_seconds(failure: str, seed: int) -> None:
-    balancer, _, picks = await simulate(failure, seed)
+    _, _, picks = await simulate(failure, seed)
     before = share(picks, T_FAIL - 10, T_FAIL)
     assert before > 0.5  # it was the favourite
     late = share(picks, T_FAIL + 8, T_FAIL + 10)
