@@ -1,0 +1,72 @@
+"""Redis Cluster fixtures: one local cluster of three masters for the session, a fresh
+``redis.asyncio.RedisCluster`` client per test, and a ``store`` fixture that overrides the top-level one
+(memory / redis) with a single backend, a :class:`RedisStore` on the cluster client.
+
+Because fixtures resolve from the collecting module's directory, a behavioural suite re-exported into
+this package (see :mod:`tests.cluster.suites`) runs unchanged on the cluster. Tests here are marked
+``cluster``; without ``redis-server``/``redis-cli`` they are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from litellm_ratebalance.store import KeySpace, RedisStore
+from tests.cluster.cluster import RedisClusterNodes, redis_cli_binary
+from tests.servers import redis_server_binary
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterNodes]:
+    """Three masters on loopback free ports, started on first use, torn down at the end of the session."""
+    if redis_server_binary() is None or redis_cli_binary() is None:
+        pytest.skip("redis-server and redis-cli are needed for the Redis Cluster tests")
+    with RedisClusterNodes() as cluster:
+        yield cluster
+
+
+async def fresh_cluster_client(cluster: RedisClusterNodes, **kwargs: Any) -> Any:
+    """A cluster client with every master emptied and every script cache flushed (NOSCRIPT reloads run)."""
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    client = RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in cluster.startup_nodes], **kwargs)
+    await client.initialize()
+    await client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    await client.script_flush()  # a cluster client sends SCRIPT FLUSH to every master
+    return client
+
+
+SUITE_MAX_CONNECTIONS = 256
+"""Per node. The async ``RedisCluster`` has no blocking pool: past ``max_connections`` (redis-py's default
+is 100) a call raises ``MaxConnectionsError`` at once instead of waiting. The suites fire bursts of 200
+concurrent calls at one slot, so the suites' client gets room for them; test_cluster_hooks.py shows what a
+default-sized client does with such a burst."""
+
+
+@pytest.fixture
+async def cluster_client(redis_cluster: RedisClusterNodes) -> AsyncIterator[Any]:
+    client = await fresh_cluster_client(redis_cluster, max_connections=SUITE_MAX_CONNECTIONS)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(params=["cluster"])
+async def store(cluster_client: Any) -> AsyncIterator[RedisStore]:
+    """Overrides tests/conftest.py's ``store``: the behavioural suites' store, on the Redis Cluster."""
+    yield RedisStore(cluster_client, KeySpace("rbtest"))
+
+
+async def cluster_key_count(client: Any) -> int:
+    """DBSIZE summed over the masters (a cluster client sends plain DBSIZE to one node only)."""
+    from redis.asyncio.cluster import RedisCluster
+
+    sizes = await client.dbsize(target_nodes=RedisCluster.PRIMARIES)
+    return int(sum(sizes.values())) if isinstance(sizes, dict) else int(sizes)
+
+
+async def cluster_keys(client: Any, pattern: str = "*") -> list[str]:
+    """Every key matching ``pattern`` on every master."""
+    return [key.decode() if isinstance(key, bytes) else str(key) async for key in client.scan_iter(match=pattern)]
