@@ -1,0 +1,134 @@
+"""Cost of one routing decision at 8 deployments: ours (aggregates) vs the reference (walks samples).
+
+Same samples in both, a window with few samples and one with very many. Printed per decision, in one run:
+
+* ``ours choose``: RateBalancer.choose on a warm view (the request path: no store call);
+* ``ours filter hook``: RateBalancerCallback.async_filter_deployments with LiteLLM deployment dicts
+  (extracting the candidates, narrowing like the Router, choosing), awaited on an event loop;
+* ``ours cache miss``: the first decision for a candidate set after a sync (shares computed once);
+* ``ours sync``: one refresh of the local view (embedded store; with Redis add one round trip), which
+  happens at most once per refresh interval and model group, not per request;
+* ``reference``: the proposal's algorithm (tests/unit/routing_reference.py) deciding from the samples.
+
+Target: a decision <= 50 us whatever the number of samples. Run: ``python bench/bench_routing_decision.py``
+(or ``make bench BENCH_ARGS=routing_decision``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from litellm_ratebalance.proxy.routing import RateBalancerCallback
+from litellm_ratebalance.routing import Candidate, RateBalancer, RoutingSettings
+from litellm_ratebalance.store import MemoryStore
+from tests.unit.routing_reference import ReferenceBalancer, Sample
+
+DEPLOYMENTS = 8
+T0 = 1_000_000.0
+TARGET_US = 50.0
+
+
+def per_call_us(fn: Callable[[], object], min_calls: int = 200, min_seconds: float = 0.5) -> float:
+    calls = 0
+    start = time.perf_counter()
+    while True:
+        for _ in range(min_calls):
+            fn()
+        calls += min_calls
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return elapsed / calls * 1e6
+
+
+async def per_await_us(fn: Callable[[], Awaitable[object]], min_calls: int = 200, min_seconds: float = 0.5) -> float:
+    calls = 0
+    start = time.perf_counter()
+    while True:
+        for _ in range(min_calls):
+            await fn()
+        calls += min_calls
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return elapsed / calls * 1e6
+
+
+async def build(samples_per_deployment: int) -> tuple[RateBalancer, ReferenceBalancer, float]:
+    names = [f"deployment-{i}" for i in range(DEPLOYMENTS)]
+    rng = random.Random(samples_per_deployment)
+    clock = [T0]
+    settings = RoutingSettings(refresh_interval=300.0)
+    ours = RateBalancer(MemoryStore(clock=lambda: clock[0]), settings, clock=lambda: clock[0], rng=random.Random(1))
+    reference = ReferenceBalancer(names, window_seconds=120, rng=random.Random(1))
+    means = {name: rng.uniform(20, 150) for name in names}
+    seconds = 100  # samples spread over 100 s of the 120 s window
+    for second in range(seconds):
+        clock[0] = T0 + second
+        for name in names:
+            for _ in range(samples_per_deployment // seconds + (1 if second < samples_per_deployment % seconds else 0)):
+                latency = rng.uniform(0.5, 5.0)
+                output = max(1, round(max(1.0, rng.gauss(means[name], means[name] * 0.2)) * latency))
+                ok = rng.random() > 0.02
+                reference.record(name, Sample(latency, clock[0], output, 0, ok))
+                ours.record("g", name, latency=latency, output_tokens=output, ok=ok)
+        await ours.refresh("g")
+    clock[0] = T0 + seconds
+    await ours.refresh("g")
+    return ours, reference, clock[0]
+
+
+async def main() -> int:
+    names = [f"deployment-{i}" for i in range(DEPLOYMENTS)]
+    candidates = tuple(Candidate(n) for n in names)
+    deployments = [
+        {"model_name": "g", "litellm_params": {"model": f"openai/{n}", "tpm": 1_000_000}, "model_info": {"id": n}}
+        for n in names
+    ]
+    rows: list[tuple[str, int, float, float | None]] = []
+    worst_ours = 0.0
+    for per_deployment in (10, 12_500):
+        ours, reference, now = await build(per_deployment)
+        total = sum(e.samples for e in ours.estimates("g", candidates).values())
+        # The clock stands still, so the picks counted in flight (bounded deques) never look stalled.
+        choose_us = per_call_us(lambda ours=ours: ours.choose("g", candidates))
+        callback = RateBalancerCallback(balancer=ours)
+        hook_us = await per_await_us(lambda cb=callback: cb.async_filter_deployments("g", deployments, None, {}))
+
+        def cache_miss(ours: RateBalancer = ours) -> None:
+            for view in ours._views.values():
+                view.cache.clear()
+            ours.choose("g", candidates)
+
+        miss_us = per_call_us(cache_miss)
+        sync_us = await per_await_us(lambda ours=ours: ours.refresh("g"), min_calls=20)
+        reference_us = per_call_us(lambda r=reference, t=now: r.choose(t), min_calls=2, min_seconds=1.0)
+        worst_ours = max(worst_ours, choose_us, hook_us)
+        rows += [
+            ("ours choose", total, choose_us, reference_us),
+            ("ours filter hook", total, hook_us, reference_us),
+            ("ours cache miss", total, miss_us, reference_us),
+            ("ours sync (per refresh)", total, sync_us, None),
+            ("reference", total, reference_us, None),
+        ]
+    print(f"decision cost at {DEPLOYMENTS} deployments (microseconds; ratio = reference / ours)")
+    print(f"{'path':26} {'samples in window':>18} {'us/decision':>12} {'ratio':>10}")
+    for path, total, us, ref in rows:
+        ratio = f"{ref / us:,.0f}x" if ref is not None else ""
+        print(f"{path:26} {total:>18,} {us:>12,.1f} {ratio:>10}")
+    verdict = "meets" if worst_ours <= TARGET_US else "MISSES"
+    print(
+        f"\nworst request-path decision (choose / filter hook): {worst_ours:.1f} us -> {verdict} <= {TARGET_US:.0f} us"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))
