@@ -92,10 +92,12 @@ class RoutingSettings(SettingsModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RoutingSettings:
-        if self.window_seconds and self.window_seconds / self.effective_bucket_seconds > _MAX_BUCKETS:
+        # Buckets are kept for the longest of the windows read from them (usage for tpm/rpm: one minute).
+        kept = max(self.window_seconds, self.failure_window_seconds, 60)
+        if self.window_seconds and kept / self.effective_bucket_seconds > _MAX_BUCKETS:
             raise ValueError(
-                f"window_seconds / bucket_seconds must be at most {_MAX_BUCKETS} "
-                f"(got {self.window_seconds} / {self.effective_bucket_seconds}); raise bucket_seconds"
+                f"max(window_seconds, failure_window_seconds, 60) / bucket_seconds must be at most {_MAX_BUCKETS} "
+                f"(got {kept} / {self.effective_bucket_seconds}); raise bucket_seconds"
             )
         if self.greediness < 0.2:
             warnings.warn(

@@ -78,6 +78,8 @@ def test_too_many_buckets_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="raise bucket_seconds"):
         routing(window_seconds=3600, bucket_seconds=1)
     assert routing(window_seconds=3600).effective_bucket_seconds == 60
+    with pytest.raises(ConfigurationError, match="failure_window_seconds"):
+        routing(window_seconds=60, failure_window_seconds=3600, bucket_seconds=1)
 
 
 @pytest.mark.parametrize(("greediness", "warns"), [(0.1, True), (0.0, True), (0.2, False), (0.95, False), (0.97, True)])
