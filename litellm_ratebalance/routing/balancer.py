@@ -178,6 +178,8 @@ class RateBalancer:
         self._bucket_ttl_ms = keep_ms + 2 * self._bucket_ms + int(s.refresh_interval * 1000)
         self._limits_ttl_ms = int(s.rate_limit_header_max_age_seconds * 1000) + int(s.refresh_interval * 1000)
         self._last_error_log = float("-inf")
+        # Longer than LiteLLM's default request timeout (600 s): a request still unreported then was lost.
+        self._max_in_flight_age = max(float(s.window_seconds), 900.0)
 
     # -- request path ---------------------------------------------------------------------------------
     def choose(self, model_group: str, candidates: Sequence[Candidate]) -> int:
@@ -508,6 +510,12 @@ class RateBalancer:
         default = self.settings.stall_min_seconds
         for i, c in enumerate(candidates):
             queue = view.in_flight.get(c.id)
+            if not queue:
+                continue
+            # A pick whose call never reported back (dropped after routing) must not count for ever.
+            forgotten = now - self._max_in_flight_age
+            while queue and queue[0] < forgotten:
+                queue.popleft()
             if not queue:
                 continue
             limit = now - stall_after.get(c.id, default)

@@ -313,3 +313,17 @@ async def test_time_to_first_token_is_kept() -> None:
     balancer.record(G, "a", latency=2.0, output_tokens=100, ttft=0.5)
     await balancer.refresh(G)
     assert balancer.estimates(G, candidates("a"))["a"].mean_ttft == pytest.approx(0.4)
+
+
+async def test_picks_that_never_report_back_are_forgotten() -> None:
+    balancer, clock = make_balancer(window_seconds=1800, stall_latency_factor=4.0, stall_min_seconds=2.0)
+    feed(balancer, G, "a", noisy(100, 30, 1))
+    feed(balancer, G, "b", noisy(100, 30, 2))
+    await balancer.refresh(G)
+    for _ in range(20):
+        balancer.choose(G, candidates("b"))  # picked, then lost before the call was made
+    clock.advance(60)
+    assert balancer.weights(G, AB)["b"] < 0.15  # they look stalled for now
+    clock.advance(841)
+    assert 0.2 < balancer.weights(G, AB)["b"] < 0.8  # 900 s on, they are forgotten
+    assert balancer.estimates(G, AB)["b"].in_flight == 0
