@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.servers import free_port, redis_server_binary
+from tests.servers import redis_server_binary
 
 __all__ = ["ClusterStartError", "RedisClusterNodes", "redis_cli_binary"]
 
@@ -48,6 +48,34 @@ def _command(port: int, *words: str) -> bytes:
         return b"".join(chunks)
 
 
+BUS_PORT_OFFSET = 10_000
+"""A cluster node also listens on its port + 10000 (the cluster bus), so its port must be at most 55535."""
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_cluster_port(taken: set[int]) -> int:
+    """A free loopback port whose cluster-bus port (+10000) is free too."""
+    for _ in range(1000):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port + BUS_PORT_OFFSET > 65535:
+            port -= BUS_PORT_OFFSET + 1024 * (port % 7 + 1)  # fold into the range below 55535
+        if port < 1024 or port in taken or port + BUS_PORT_OFFSET in taken:
+            continue
+        if _bindable(port) and _bindable(port + BUS_PORT_OFFSET):
+            return port
+    raise ClusterStartError("no free port pair (port, port + 10000) found on 127.0.0.1")
+
+
 class RedisClusterNodes:
     """Three cluster-enabled redis-server processes joined into one cluster of three masters."""
 
@@ -56,7 +84,12 @@ class RedisClusterNodes:
         if server is None or cli is None:
             raise RuntimeError("redis-server and redis-cli are needed for the Redis Cluster tests")
         self.server_binary, self.cli_binary = server, cli
-        self.ports = [free_port() for _ in range(masters)]
+        taken: set[int] = set()
+        self.ports: list[int] = []
+        for _ in range(masters):
+            port = free_cluster_port(taken)
+            taken.update((port, port + BUS_PORT_OFFSET))
+            self.ports.append(port)
         self.dir = Path(tempfile.mkdtemp(prefix="ratebalance-cluster-"))
         self.processes: list[subprocess.Popen[bytes]] = []
 
