@@ -170,8 +170,6 @@ class BackpressureSettings(SettingsModel):
     """Utilisation at which the highest tier is shed too."""
     default_output_tokens: Annotated[int, Field(ge=0, le=10_000_000)] = 256
     """Output tokens expected of a request that sets neither max_tokens nor max_completion_tokens."""
-    chars_per_token: Annotated[float, Field(ge=0.5, le=100.0)] = 4.0
-    """Prompt-size estimate: characters per token (the request is not tokenised on the hot path)."""
     kv_cache_tokens: int | None = Field(default=None, ge=1, le=10**10)
     """Default KV-cache capacity in tokens for deployments that do not set their own."""
     server: ServerKind = "vllm"

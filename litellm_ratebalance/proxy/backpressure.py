@@ -64,6 +64,7 @@ from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.identity import metadata_value, resolve_priority
 from litellm_ratebalance.proxy.runtime import get_runtime
+from litellm_ratebalance.proxy.tokens import estimate_tokens
 from litellm_ratebalance.store.concurrency import LeaseRefusal
 
 __all__ = ["BackpressureCallback", "backpressure"]
@@ -74,6 +75,8 @@ _COMPONENT = "backpressure"
 _MARK = "litellm_ratebalance_backpressure"
 """Attribute set on every exception we raise (its value: the reason), so our own failure events are known."""
 _LATENCY_SMOOTHING = 0.2
+_MAX_REQUEST_TOKENS = 10**9
+"""No clamp in practice: an absurd max_tokens must read as \"never fits\" (reroute), not be trimmed."""
 
 
 def _metadata(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -102,16 +105,6 @@ def _deployment_info(kwargs: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return info if isinstance(info, Mapping) and info.get("id") is not None else None
 
 
-def _text_chars(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, Mapping):
-        return _text_chars(value.get("content")) + _text_chars(value.get("text"))
-    if isinstance(value, (list, tuple)):
-        return sum(_text_chars(item) for item in value)
-    return 0
-
-
 def _positive_int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         return None
@@ -124,14 +117,10 @@ class _Profile:
 
     tier: str
     rank: int
-    prompt_tokens: int
-    output_tokens: int
+    cost: int
+    """Tokens the request may hold in the KV cache: prompt + max_tokens (or the default output)."""
     client: str
     weight: float
-
-    @property
-    def cost(self) -> int:
-        return self.prompt_tokens + self.output_tokens
 
 
 @dataclass(slots=True, eq=False)
@@ -213,6 +202,22 @@ class _Context:
     calls: dict[str, list[_Lease]] = field(default_factory=dict)
     maintenance: asyncio.Task[None] | None = None
     last_renew: float = -math.inf
+    owner: Any = None
+    """The callback instance whose hooks built this context (its probe, fetcher and clock are used)."""
+
+
+class _Process:
+    """The one live context of this process.
+
+    Process-wide rather than per instance because LiteLLM keeps a single logger per class for its success /
+    failure events (``logging_callback_manager`` refuses a second instance of the same class): events may
+    reach another instance than the one whose hooks took the leases, so both must see the same state.
+    """
+
+    ctx: _Context | None = None
+
+
+_PROCESS = _Process()
 
 
 class BackpressureCallback(CustomLogger):  # type: ignore[misc]
@@ -233,7 +238,6 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         self._gpu_probe = gpu_probe
         self._fetch = fetch
         self._clock = clock
-        self._ctx: _Context | None = None
         self._config_error_logged = False
 
     # -- context --------------------------------------------------------------------------------------------
@@ -249,15 +253,15 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         if not settings.enabled:
             return None
         loop = asyncio.get_running_loop()
-        ctx = self._ctx
-        if ctx is None or ctx.loop is not loop or ctx.settings is not settings:
+        ctx = _PROCESS.ctx
+        if ctx is None or ctx.loop is not loop or ctx.settings is not settings or ctx.owner is not self:
             if ctx is not None and ctx.maintenance is not None and ctx.loop is loop:
                 ctx.maintenance.cancel()
             probe = self._gpu_probe
             if probe is None and settings.signals.nvml:
                 probe = NvmlProbe()
-            ctx = _Context(loop, settings, Tiers(settings.tiers), SignalBoard(self._fetch, probe))
-            self._ctx = ctx
+            ctx = _Context(loop, settings, Tiers(settings.tiers), SignalBoard(self._fetch, probe), owner=self)
+            _PROCESS.ctx = ctx
             self._register_router_deployments(ctx)
         if ctx.maintenance is None or ctx.maintenance.done():
             ctx.maintenance = loop.create_task(self._maintain(ctx), name="litellm_ratebalance.backpressure")
@@ -296,16 +300,17 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
     def _profile(self, ctx: _Context, kwargs: Mapping[str, Any], messages: Any) -> _Profile:
         settings = ctx.settings
         auth = _request_auth(kwargs)
-        priority = resolve_priority(auth, ctx.tiers)
-        rank = ctx.tiers.rank(priority)
-        chars = _text_chars(messages if messages is not None else kwargs.get("messages"))
-        chars += _text_chars(kwargs.get("input")) + _text_chars(kwargs.get("prompt"))
-        n_messages = len(messages) if isinstance(messages, list) else 0
-        prompt_tokens = math.ceil(chars / settings.chars_per_token) + 4 * n_messages
-        output = (
-            _positive_int(kwargs.get("max_completion_tokens"))
-            or _positive_int(kwargs.get("max_tokens"))
-            or settings.default_output_tokens
+        rank = ctx.tiers.rank(resolve_priority(auth, ctx.tiers))
+        # The filter gets the messages beside the kwargs; the count is cached in the request metadata, so
+        # the deployment hook (and the limiter, when it ran first) do not tokenise again.
+        view: dict[str, Any] = dict(kwargs)
+        if messages is not None:
+            view["messages"] = messages
+        metadata = kwargs.get("metadata")
+        if isinstance(metadata, dict):
+            view["metadata"] = metadata
+        cost = estimate_tokens(
+            str(kwargs.get("model") or ""), view, "total", settings.default_output_tokens, _MAX_REQUEST_TOKENS
         )
         client = "anonymous"
         for attribute, label in (("team_id", "team"), ("user_id", "user"), ("token", "key")):
@@ -320,7 +325,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 parsed = float(raw_weight)
                 if math.isfinite(parsed) and parsed > 0:
                     weight = parsed
-        return _Profile(ctx.tiers.name(rank), rank, prompt_tokens, output, client, weight)
+        return _Profile(ctx.tiers.name(rank), rank, cost, client, weight)
 
     def _server_signals(self, ctx: _Context, state: _Deployment) -> dict[str, float]:
         now = self._clock()
@@ -359,14 +364,14 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         """Whether a request of ``priority`` would be admitted by this deployment now (for routing
         strategies that want to skip deployments at their limit or shedding without calling the filter).
         Unknown deployments, and everything when backpressure is off, count as available."""
-        ctx = self._ctx
+        ctx = _PROCESS.ctx
         if ctx is None or not ctx.settings.enabled:
             return True
         state = ctx.deployments.get(deployment_id)
         if state is None:
             return True
         rank = ctx.tiers.rank(priority if priority in ctx.tiers else None)
-        profile = _Profile(ctx.tiers.name(rank), rank, 0, 0, "anonymous", 1.0)
+        profile = _Profile(ctx.tiers.name(rank), rank, 0, "anonymous", 1.0)
         return self._decide(ctx, state, profile).admitted
 
     # -- refusals -------------------------------------------------------------------------------------------
@@ -459,34 +464,83 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             if ctx is None or not healthy_deployments:
                 return healthy_deployments
             profile = self._profile(ctx, request_kwargs or {}, messages)
-            admitted: list[Any] = []
-            queueable: list[Any] = []
-            refused: list[tuple[_Deployment, Verdict]] = []
-            for deployment in healthy_deployments:
-                info = deployment.get("model_info") if isinstance(deployment, Mapping) else None
-                state = self._deployment(ctx, info, model)
-                if state is None:
-                    admitted.append(deployment)
-                    continue
-                verdict = self._decide(ctx, state, profile)
-                if verdict.admitted:
-                    admitted.append(deployment)
-                elif verdict.queueable and state.config.queue_enabled and len(state.queue) < state.queue.max_depth:
-                    queueable.append(deployment)
-                else:
-                    refused.append((state, verdict))
+            candidates = [
+                (d, self._deployment(ctx, d.get("model_info") if isinstance(d, Mapping) else None, model))
+                for d in healthy_deployments
+            ]
+            admitted, queueable, refused = self._sort(ctx, candidates, profile)
+            stale = [state for state, verdict, _ in refused if _count_based(verdict)]
+            if not admitted and not queueable and stale:
+                # Our counts of other replicas' requests are up to one maintenance interval old: read them
+                # fresh before refusing on them (one round trip per deployment, on the refusal path only).
+                await self._refresh_counts(ctx, stale)
+                admitted, queueable, refused = self._sort(ctx, candidates, profile)
             if admitted or queueable:
                 return admitted or queueable
             # Every deployment refuses: answer with the one closest to taking the request.
-            state, verdict = min(
-                refused, key=lambda sv: (sv[1].never_fits, sv[1].completions_needed / max(1, sv[0].inflight))
+            state, verdict, queue_full = min(
+                refused, key=lambda r: (r[1].never_fits, r[1].completions_needed / max(1, r[0].inflight))
             )
+            if queue_full:
+                raise self._queue_full(ctx, state, verdict, profile, no_router_retry=True)
             raise self._refusal(ctx, state, verdict, profile, no_router_retry=True)
         except Exception as exc:
             if getattr(exc, _MARK, None):
                 raise
             logger.exception("litellm_ratebalance backpressure: filter failed; passing the deployments through")
             return healthy_deployments
+
+    def _sort(
+        self, ctx: _Context, candidates: list[tuple[Any, _Deployment | None]], profile: _Profile
+    ) -> tuple[list[Any], list[Any], list[tuple[_Deployment, Verdict, bool]]]:
+        """Split deployments into admitting, queueable (at the limit, room in the queue) and refusing ones
+        (with their verdict, and whether the refusal is a full queue)."""
+        admitted: list[Any] = []
+        queueable: list[Any] = []
+        refused: list[tuple[_Deployment, Verdict, bool]] = []
+        for deployment, state in candidates:
+            if state is None:
+                admitted.append(deployment)
+                continue
+            verdict = self._decide(ctx, state, profile)
+            if verdict.admitted:
+                admitted.append(deployment)
+            elif verdict.queueable and state.config.queue_enabled:
+                if len(state.queue) < state.queue.max_depth:
+                    queueable.append(deployment)
+                else:
+                    refused.append((state, verdict, True))
+            else:
+                refused.append((state, verdict, False))
+        return admitted, queueable, refused
+
+    async def _refresh_counts(self, ctx: _Context, states: list[_Deployment]) -> None:
+        runtime = get_runtime()
+        snapshots = await asyncio.gather(
+            *(runtime.store().concurrency_snapshot(s.deployment_id) for s in states), return_exceptions=True
+        )
+        for state, snapshot in zip(states, snapshots, strict=True):
+            if isinstance(snapshot, StoreError):
+                runtime.faults.record(_COMPONENT, snapshot, runtime.settings())
+            elif isinstance(snapshot, BaseException):
+                raise snapshot
+            else:
+                state.counts(snapshot.inflight, snapshot.reserved_tokens)
+
+    def _queue_full(
+        self, ctx: _Context, state: _Deployment, verdict: Verdict, profile: _Profile, *, no_router_retry: bool = False
+    ) -> Exception:
+        return self._refusal(
+            ctx,
+            state,
+            verdict,
+            profile,
+            reason=Reason.QUEUE_OVERFLOW,
+            status=503,
+            detail=f"all {state.limit.limit} slots are in use and the wait queue is full "
+            f"({state.queue.max_depth} requests)",
+            no_router_retry=no_router_retry,
+        )
 
     async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any], call_type: Any) -> dict[str, Any] | None:
         try:
@@ -589,17 +643,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             weight=profile.weight,
         )
         if entry is None:
-            verdict = self._decide(ctx, state, profile)
-            raise self._refusal(
-                ctx,
-                state,
-                verdict,
-                profile,
-                reason=Reason.QUEUE_OVERFLOW,
-                status=503,
-                detail=f"all {state.limit.limit} slots are in use and the wait queue is full "
-                f"({state.queue.max_depth} requests)",
-            )
+            raise self._queue_full(ctx, state, self._decide(ctx, state, profile), profile)
         self._gauges(state)
         if state.dispatcher is None or state.dispatcher.done():
             state.dispatcher = loop.create_task(self._dispatch(ctx, state))
@@ -706,7 +750,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             logger.exception("litellm_ratebalance backpressure: failure accounting failed")
 
     async def _finish(self, kwargs: Any, response_obj: Any, end_time: Any, *, failed: bool, exception: Any) -> None:
-        ctx = self._ctx
+        ctx = _PROCESS.ctx
         if ctx is None or not isinstance(kwargs, Mapping) or ctx.loop is not asyncio.get_running_loop():
             return
         call_id = kwargs.get("litellm_call_id")
@@ -785,7 +829,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         litellm_call_info: dict[str, object] | None = None,
     ) -> dict[str, str] | None:
         try:
-            ctx = self._ctx
+            ctx = _PROCESS.ctx
             if response is None or ctx is None:
                 return None  # refusals carry their headers themselves
             hidden = getattr(response, "_hidden_params", None)
@@ -816,7 +860,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     async def maintain_once(self, ctx: _Context | None = None) -> None:
         """One maintenance step (tests call it directly instead of waiting for the interval)."""
-        ctx = ctx or self._ctx
+        ctx = ctx or self._context()
         if ctx is None:
             return
         settings = ctx.settings
@@ -890,9 +934,10 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     async def aclose(self) -> None:
         """Stop the background tasks of the current context (tests; the proxy never needs it)."""
-        ctx, self._ctx = self._ctx, None
-        if ctx is None:
+        ctx = _PROCESS.ctx
+        if ctx is None or ctx.owner is not self:
             return
+        _PROCESS.ctx = None
         tasks = [ctx.maintenance, *(s.dispatcher for s in ctx.deployments.values())]
         for task in tasks:
             if task is not None and not task.done():
@@ -904,7 +949,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """This process's view per deployment (status output, tests)."""
-        ctx = self._ctx
+        ctx = _PROCESS.ctx
         if ctx is None:
             return {}
         return {
@@ -920,6 +965,13 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             }
             for deployment_id, state in ctx.deployments.items()
         }
+
+
+def _count_based(verdict: Verdict) -> bool:
+    """A refusal that rests on the shared in-flight counts (slots, reserved tokens), not on server signals."""
+    return verdict.signal == "concurrency" or (
+        verdict.reason is Reason.MEMORY_PRESSURE and verdict.token_cap is not None
+    )
 
 
 def _is_drop(exception: Any) -> bool:

@@ -1,0 +1,353 @@
+"""Backpressure through a real ``litellm.Router`` against the simulated inference server on loopback.
+
+Every test: an :class:`InferenceServer` (latency grows past its knee, fails with a simulated OOM past its
+KV-cache capacity), the callback registered in ``litellm.callbacks``, settings and store handed in
+through ``configure``. No timed assertions: outcomes are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import litellm
+import pytest
+from litellm import Router
+from litellm.proxy._types import UserAPIKeyAuth
+
+from litellm_ratebalance.backpressure.signals import NvmlProbe
+from litellm_ratebalance.errors import StoreError
+from litellm_ratebalance.proxy.backpressure import BackpressureCallback
+from litellm_ratebalance.proxy.runtime import configure, reset_runtime
+from litellm_ratebalance.settings import parse_settings
+from litellm_ratebalance.simulate.fake_nvml import FakeNvml
+from litellm_ratebalance.simulate.inference_server import InferenceServer, ServerSpec
+from litellm_ratebalance.store import MemoryStore
+
+PROMPT = "a" * 400  # ~100 tokens
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+    """``await harness(settings, specs, store=..., gpu_probe=..., model_info=...)`` -> (router, cb, servers)."""
+    saved_callbacks = list(litellm.callbacks)
+    started: list[InferenceServer] = []
+    callbacks: list[BackpressureCallback] = []
+
+    async def build(
+        backpressure: dict[str, Any],
+        specs: list[ServerSpec],
+        *,
+        store: Any = None,
+        gpu_probe: Any = None,
+        model_info: list[dict[str, Any]] | None = None,
+        fail_mode: str = "open",
+    ) -> tuple[Router, BackpressureCallback, list[InferenceServer]]:
+        reset_runtime()
+        settings = parse_settings({"ratebalance": {"fail_mode": fail_mode, "backpressure": backpressure}})
+        configure(settings=settings, store=store or MemoryStore())
+        servers = [await InferenceServer(spec).start() for spec in specs]
+        started.extend(servers)
+        model_list = []
+        for i, server in enumerate(servers):
+            info = {"id": f"gpu{i + 1}", **((model_info or [{}] * len(servers))[i])}
+            model_list.append(
+                {
+                    "model_name": "local",
+                    "litellm_params": {"model": "openai/sim", "api_base": server.api_base, "api_key": "sk-none"},
+                    "model_info": info,
+                }
+            )
+        callback = BackpressureCallback(gpu_probe=gpu_probe)
+        callbacks.append(callback)
+        litellm.callbacks = [callback]
+        router = Router(model_list=model_list, num_retries=0)
+        return router, callback, servers
+
+    yield build
+    for callback in callbacks:
+        await callback.aclose()
+    for server in started:
+        await server.stop()
+    litellm.callbacks = saved_callbacks
+    reset_runtime()
+
+
+def auth(priority: str | None, key: str = "k1") -> UserAPIKeyAuth:
+    return UserAPIKeyAuth(token=key, metadata={"priority": priority} if priority else {})
+
+
+async def call(router: Router, priority: str | None = None, *, max_tokens: int = 40, key: str = "k1") -> Any:
+    """The response, or the exception (with ``status_code`` / ``headers``) the caller would see."""
+    try:
+        return await router.acompletion(
+            model="local",
+            messages=[{"role": "user", "content": PROMPT}],
+            max_tokens=max_tokens,
+            metadata={"user_api_key_auth": auth(priority, key)},
+        )
+    except Exception as exc:
+        return exc
+
+
+def outcome(result: Any) -> tuple[int, str | None]:
+    if isinstance(result, Exception):
+        headers = getattr(result, "headers", None) or {}
+        return int(getattr(result, "status_code", 0)), headers.get("x-litellm-backpressure-reason")
+    return 200, None
+
+
+async def settle(callback: BackpressureCallback) -> None:
+    """Let the success/failure events (dispatched as tasks) run, then one maintenance step."""
+    for _ in range(20):
+        await asyncio.sleep(0.02)
+    await callback.maintain_once()
+
+
+async def test_the_simulated_server_falls_off_the_memory_cliff_without_the_layer() -> None:
+    async with InferenceServer(ServerSpec(knee=4, step_seconds=0.005, memory_tokens=2000)) as server:
+        router = Router(
+            model_list=[
+                {
+                    "model_name": "local",
+                    "litellm_params": {"model": "openai/sim", "api_base": server.api_base, "api_key": "sk-none"},
+                }
+            ],
+            num_retries=0,
+        )
+        saved = list(litellm.callbacks)
+        litellm.callbacks = []
+        try:
+            results = await asyncio.gather(*(call(router) for _ in range(24)))
+        finally:
+            litellm.callbacks = saved
+        assert server.stats.oom_failures > 0
+        assert sum(outcome(r)[0] == 500 for r in results) == server.stats.oom_failures
+
+
+async def test_burst_sheds_low_priority_first_and_never_ooms(harness) -> None:
+    router, callback, (server,) = await harness(
+        {
+            "tiers": ["low", "high"],
+            "kv_cache_tokens": 2000,
+            "limit": {"initial_limit": 8, "max_limit": 32},
+            "queue": {"enabled": True, "max_wait_seconds": 20},
+        },
+        [ServerSpec(knee=4, step_seconds=0.005, memory_tokens=2000)],
+    )
+    priorities = ["high" if i % 3 == 0 else "low" for i in range(36)]
+    results = await asyncio.gather(*(call(router, p) for p in priorities))
+    by_tier = Counter((p, outcome(r)[0]) for p, r in zip(priorities, results, strict=True))
+    assert by_tier[("high", 200)] == 12  # every high-priority request served (queued when slots were full)
+    assert by_tier[("low", 503)] > 0  # low priority shed
+    assert server.stats.oom_failures == 0
+    reasons = {outcome(r)[1] for p, r in zip(priorities, results, strict=True) if p == "low" and outcome(r)[0] == 503}
+    assert reasons <= {"compute_saturation", "memory_pressure"}
+    # Memory: reservations never exceeded the highest tier's 95% of the KV cache.
+    assert server.stats.peak_memory_tokens <= 0.95 * 2000
+    await settle(callback)
+    view = callback.snapshot()["gpu1"]
+    assert view["inflight"] == 0 and view["reserved_tokens"] == 0 and view["local_leases"] == 0
+
+
+async def test_refusal_is_actionable(harness) -> None:
+    router, _, _ = await harness(
+        {"tiers": ["low", "high"], "limit": {"initial_limit": 2, "min_limit": 2, "max_limit": 2}},
+        [ServerSpec(knee=4, step_seconds=0.01)],
+    )
+    results = await asyncio.gather(*(call(router, "low", max_tokens=60) for _ in range(4)))
+    refused = [r for r in results if isinstance(r, Exception)]
+    assert len(refused) == 3  # the lowest tier may take floor(0.85 x 2) = 1 slot of 2
+    exc = refused[0]
+    assert exc.status_code == 503
+    assert exc.headers["x-litellm-backpressure-reason"] == "compute_saturation"
+    assert exc.headers["x-litellm-backpressure-advice"] == "retry"
+    assert int(exc.headers["retry-after"]) >= 1
+    assert exc.headers["x-litellm-concurrency-limit"] == "2"
+    assert "priority tier 'low'" in str(exc) and "retry after" in str(exc)
+    assert exc.num_retries == 0  # every deployment refused: the router must not retry it inside the proxy
+
+
+async def test_concurrency_limit_gives_429_without_a_queue(harness) -> None:
+    router, _, (server,) = await harness(
+        {"limit": {"initial_limit": 2, "min_limit": 2, "max_limit": 2}},
+        [ServerSpec(knee=4, step_seconds=0.01)],
+    )
+    results = await asyncio.gather(*(call(router, max_tokens=50) for _ in range(6)))
+    assert Counter(outcome(r) for r in results) == {(200, None): 2, (429, "concurrency_limit"): 4}
+    assert server.stats.peak_running == 2
+
+
+async def test_queue_waits_for_a_slot_instead_of_refusing(harness) -> None:
+    router, callback, (server,) = await harness(
+        {"limit": {"initial_limit": 2, "min_limit": 2, "max_limit": 2}, "queue": {"enabled": True}},
+        [ServerSpec(knee=4, step_seconds=0.005)],
+    )
+    results = await asyncio.gather(*(call(router, key=f"k{i % 3}", max_tokens=20) for i in range(8)))
+    assert [outcome(r)[0] for r in results] == [200] * 8, [str(r)[:400] for r in results if isinstance(r, Exception)]
+    assert server.stats.peak_running == 2
+    await settle(callback)
+    assert callback.snapshot()["gpu1"]["queue_depth"] == 0
+
+
+async def test_queue_overflow_and_wait_timeout_give_503(harness) -> None:
+    router, _, _ = await harness(
+        {
+            "limit": {"initial_limit": 1, "min_limit": 1, "max_limit": 1},
+            "queue": {"enabled": True, "max_depth": 1, "max_wait_seconds": 0.2},
+        },
+        [ServerSpec(knee=4, step_seconds=0.02)],  # 50 tokens = 1 s, far past the wait limit
+    )
+    results = await asyncio.gather(*(call(router, max_tokens=50) for _ in range(3)))
+    assert Counter(outcome(r) for r in results) == {(200, None): 1, (503, "queue_overflow"): 2}
+    messages = sorted(str(r) for r in results if isinstance(r, Exception))
+    assert any("wait queue is full" in m for m in messages)
+    assert any("waited" in m for m in messages)
+
+
+async def test_filter_keeps_traffic_off_a_deployment_at_its_limit(harness) -> None:
+    router, _, (small, big) = await harness(
+        {"limit": {"max_limit": 16}},
+        [ServerSpec(knee=4, step_seconds=0.005), ServerSpec(knee=8, step_seconds=0.005)],
+        model_info=[{"backpressure": {"initial_limit": 1, "min_limit": 1, "max_limit": 1}}, {}],
+    )
+    results = await asyncio.gather(*(call(router, max_tokens=30) for _ in range(8)))
+    assert [outcome(r)[0] for r in results] == [200] * 8
+    assert small.stats.peak_running == 1
+    assert big.stats.completed >= 7 - small.stats.completed + 1
+
+
+async def test_successful_responses_carry_queue_depth_and_limit(harness) -> None:
+    router, callback, _ = await harness({"limit": {"initial_limit": 5}}, [ServerSpec(step_seconds=0.002)])
+    response = await call(router, max_tokens=5)
+    headers = await callback.async_post_call_response_headers_hook(data={}, user_api_key_dict=None, response=response)
+    assert headers == {"x-litellm-queue-depth": "0", "x-litellm-concurrency-limit": "5"}
+    assert await callback.async_post_call_response_headers_hook(data={}, user_api_key_dict=None, response=None) is None
+
+
+async def test_gpu_memory_through_nvml_sheds_the_low_tier(harness) -> None:
+    used = {"fraction": 0.50}
+    nvml = FakeNvml(total_bytes=1000, used_bytes=lambda: 1000 * used["fraction"])
+    router, callback, _ = await harness(
+        {"tiers": ["low", "high"], "signals": {"nvml": True}},
+        [ServerSpec(step_seconds=0.002)],
+        gpu_probe=NvmlProbe(module=nvml),
+    )
+    await callback.maintain_once()
+    assert outcome(await call(router, "low", max_tokens=5)) == (200, None)
+    used["fraction"] = 0.90
+    await callback.maintain_once()
+    low = await call(router, "low", max_tokens=5)
+    assert outcome(low) == (503, "memory_pressure")
+    assert "gpu_memory" in str(low)
+    assert outcome(await call(router, "high", max_tokens=5)) == (200, None)
+    used["fraction"] = 0.97
+    await callback.maintain_once()
+    assert outcome(await call(router, "high", max_tokens=5)) == (503, "memory_pressure")
+
+
+async def test_absent_nvml_degrades_with_one_line(harness, caplog: pytest.LogCaptureFixture) -> None:
+    nvml = FakeNvml()
+    nvml.fail_init = True
+    router, callback, _ = await harness(
+        {"signals": {"nvml": True}}, [ServerSpec(step_seconds=0.002)], gpu_probe=NvmlProbe(module=nvml)
+    )
+    with caplog.at_level(logging.WARNING, logger="litellm_ratebalance.backpressure"):
+        for _ in range(3):
+            await callback.maintain_once()
+            assert outcome(await call(router, max_tokens=5)) == (200, None)
+    assert sum("NVML unavailable" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_scraped_kv_cache_sheds_and_an_unreachable_endpoint_degrades(
+    harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = ServerSpec(knee=8, step_seconds=0.02, memory_tokens=1000)
+    server = InferenceServer(spec)
+    await server.start()
+    try:
+        router, callback, _ = await harness(
+            {
+                "tiers": ["low", "high"],
+                "signals": {"scrape_interval_seconds": 0.2, "scrape_timeout_seconds": 0.2, "stale_after_seconds": 0.3},
+            },
+            [],  # the deployment below points at the server started here
+        )
+        router.set_model_list(
+            [
+                {
+                    "model_name": "local",
+                    "litellm_params": {"model": "openai/sim", "api_base": server.api_base, "api_key": "sk-none"},
+                    "model_info": {"id": "gpu1", "backpressure": {"metrics_url": server.metrics_url}},
+                }
+            ]
+        )
+        # Six long high-priority requests fill ~88% of the KV cache (100-token prompts, 50 tokens each).
+        background = [asyncio.create_task(call(router, "high", max_tokens=50)) for _ in range(6)]
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if server.memory_used >= 870:
+                break
+        await callback.maintain_once()
+        low = await call(router, "low", max_tokens=5)
+        assert outcome(low) == (503, "memory_pressure") and "kv_cache" in str(low)
+        with caplog.at_level(logging.INFO, logger="litellm_ratebalance.backpressure"):
+            server.set_metrics_down(True)
+            await callback.maintain_once()
+            await callback.maintain_once()
+            await asyncio.sleep(0.35)  # the last good scrape goes stale
+            assert outcome(await call(router, "low", max_tokens=5)) == (200, None)
+            server.set_metrics_down(False)
+            await callback.maintain_once()
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("cannot scrape" in m and "other signals" in m for m in messages) == 1
+        assert sum("are back" in m for m in messages) == 1
+        assert [outcome(r)[0] for r in await asyncio.gather(*background)] == [200] * 6
+    finally:
+        await server.stop()
+
+
+async def test_server_failures_back_off_the_limit_and_free_the_slots(harness) -> None:
+    router, callback, (server,) = await harness(
+        {"limit": {"initial_limit": 16, "backoff_ratio": 0.5}},
+        [ServerSpec(knee=4, step_seconds=0.005, memory_tokens=600)],  # 5 prompts of ~100 tokens overflow it
+    )
+    results = await asyncio.gather(*(call(router, max_tokens=30) for _ in range(12)))
+    assert server.stats.oom_failures > 0
+    assert sum(outcome(r)[0] == 500 for r in results) == server.stats.oom_failures
+    await settle(callback)
+    view = callback.snapshot()["gpu1"]
+    assert view["limit"] <= 8
+    assert view["inflight"] == 0 and view["local_leases"] == 0
+
+
+class BrokenStore(MemoryStore):
+    async def lease_acquire(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreError("redis script 'concurrency_acquire' failed: ConnectionError")
+
+
+async def test_store_fault_fails_open(harness) -> None:
+    router, _, _ = await harness({}, [ServerSpec(step_seconds=0.002)], store=BrokenStore())
+    assert outcome(await call(router, max_tokens=5)) == (200, None)
+
+
+async def test_store_fault_fails_closed_with_503(harness) -> None:
+    router, _, _ = await harness({}, [ServerSpec(step_seconds=0.002)], store=BrokenStore(), fail_mode="closed")
+    result = await call(router, max_tokens=5)
+    assert outcome(result)[0] == 503 and "fail_mode is 'closed'" in str(result)
+
+
+@pytest.mark.redis
+async def test_a_crashed_replicas_slots_come_back_after_the_lease_ttl(harness, store) -> None:
+    router, _, _ = await harness(
+        {"limit": {"initial_limit": 2, "min_limit": 2, "max_limit": 2}}, [ServerSpec(step_seconds=0.002)], store=store
+    )
+    # Another replica took both slots and died without releasing them.
+    for lease in ("dead-1", "dead-2"):
+        assert (await store.lease_acquire("gpu1", lease, slot_cap=2, ttl_ms=300)).acquired
+    assert outcome(await call(router, max_tokens=5)) == (429, "concurrency_limit")
+    await asyncio.sleep(0.4)
+    assert outcome(await call(router, max_tokens=5)) == (200, None)
