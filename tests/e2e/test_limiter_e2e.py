@@ -56,12 +56,16 @@ PAIR_TPM = 600
 PAIR_CONFIG: dict[str, Any] = {
     "model_list": [
         mock_deployment("rpm50", rpm=50),
-        # Half a second upstream keeps a burst in flight: admission must count reservations, not usage.
-        mock_deployment("tpm", tpm=PAIR_TPM, mock_delay=0.5),
+        # Two seconds upstream keep the whole burst in flight while it is decided (even on busy cores):
+        # admission must count reservations, not finished usage.
+        mock_deployment("tpm", tpm=PAIR_TPM, mock_delay=2.0),
     ],
     "litellm_settings": {
         "callbacks": ["litellm_ratebalance.rate_limiter"],
-        "ratebalance": {"key_prefix": PAIR_PREFIX},
+        # A generous store timeout: these tests check exact limits, not the fault policy. With the default
+        # (0.5 s) a cold 100-request burst per proxy on 2 busy cores can time out, fail open and admit
+        # beyond the limit (seen here: 60 of 200 at rpm 50).
+        "ratebalance": {"key_prefix": PAIR_PREFIX, "store_timeout_seconds": 5.0},
     },
     "router_settings": {"num_retries": 0},
 }
@@ -85,7 +89,9 @@ def single(proxies: StartProxies, redis_server: Any, redis_sync: redis.Redis) ->
 
 @pytest.fixture(scope="module")
 def pair(proxies: StartProxies, redis_server: Any, redis_sync: redis.Redis) -> list[LiteLLMProxy]:
-    return proxies(PAIR_CONFIG, redis_url=redis_server.url, count=2)
+    # redis-py 8 pools allow 100 connections and raise past that (MaxConnectionsError, so the limiter fails
+    # open); a burst of 100+ per proxy needs more. The query parameter is redis-py's own URL option.
+    return proxies(PAIR_CONFIG, redis_url=redis_server.url + "?max_connections=1000", count=2)
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
@@ -326,7 +332,7 @@ async def test_two_proxies_keep_tpm_with_requests_in_flight(pair: list[LiteLLMPr
         for client in clients:
             await client.aclose()
     served = [r.json()["usage"]["total_tokens"] for r in responses if r.status_code == 200]
-    # All 40 are in flight together (0.5 s upstream): the reservations, not finished usage, fill the window.
+    # All 40 are in flight together (2 s upstream): the reservations, not finished usage, fill the window.
     assert len(served) == PAIR_TPM // estimate
     for response in responses:
         if response.status_code == 429:
