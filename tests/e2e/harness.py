@@ -28,6 +28,7 @@ module's tests (module-scoped fixtures).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -201,9 +202,15 @@ class LiteLLMProxy:
         return self.auth(self.master_key)
 
     def async_client(self, **kwargs: Any) -> httpx.AsyncClient:
-        """An ``httpx.AsyncClient`` on this proxy (no connection cap: bursts go out at once)."""
+        """An ``httpx.AsyncClient`` on this proxy (no connection cap: bursts go out at once).
+
+        Idle connections are dropped after 2 s: uvicorn closes them after 5 s, and reusing one it is just
+        closing fails with ``httpx.ReadError`` (seen between back-to-back bursts).
+        """
         kwargs.setdefault("timeout", httpx.Timeout(60.0))
-        kwargs.setdefault("limits", httpx.Limits(max_connections=None, max_keepalive_connections=200))
+        kwargs.setdefault(
+            "limits", httpx.Limits(max_connections=None, max_keepalive_connections=200, keepalive_expiry=2.0)
+        )
         return httpx.AsyncClient(base_url=self.base_url, **kwargs)
 
     # -- process ---------------------------------------------------------------------------------------------
@@ -276,10 +283,8 @@ class LiteLLMProxy:
                 except subprocess.TimeoutExpired:
                     continue
             # Workers may outlive the leader for a moment; make sure the group is gone.
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
