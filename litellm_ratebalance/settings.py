@@ -83,6 +83,8 @@ class RateBalanceSettings(SettingsModel):
     fault_log_interval_seconds: Annotated[float, Field(ge=0.0, le=3600)] = 30.0
     store_timeout_seconds: Annotated[float, Field(ge=0.01, le=30)] = 0.5
     """Upper bound on one store operation; past it the operation counts as a store fault."""
+    redis_max_connections: Annotated[int, Field(ge=1, le=100_000)] = 500
+    """Connection pool size of the client made for ``redis_url`` (a burst waits for a free connection)."""
     store_retry_after_seconds: Annotated[float, Field(ge=0.0, le=300)] = 1.0
     """After a store fault, operations fail at once (per the fail mode) for this long before Redis is
     tried again, so a down Redis does not add its timeout to every request."""

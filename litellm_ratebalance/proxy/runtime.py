@@ -94,7 +94,14 @@ class Runtime:
         if url:
             import redis.asyncio as aioredis
 
-            client = aioredis.Redis.from_url(url)
+            # A blocking pool makes a burst wait for a free connection (within the store timeout) instead of
+            # failing past redis-py's default of 100 connections.
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=settings.ratebalance.redis_max_connections,
+                timeout=settings.ratebalance.store_timeout_seconds,
+            )
+            client = aioredis.Redis(connection_pool=pool)
             logger.info("litellm_ratebalance: using the Redis at ratebalance.redis_url (credentials not shown)")
             return RedisStore(
                 client,

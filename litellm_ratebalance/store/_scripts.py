@@ -69,11 +69,19 @@ class ScriptRunner:
         try:
             reply = await asyncio.wait_for(script(keys=keys, args=args, client=client), self._timeout)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            self._broken_until = time.monotonic() + self._cooldown
+            # A busy client (its pool exhausted by a burst) is not a down Redis: fail this call only.
+            if not isinstance(exc, _POOL_EXHAUSTED):
+                self._broken_until = time.monotonic() + self._cooldown
             # The message never includes the connection URL (it may hold a password).
             raise StoreError(f"redis script {name!r} failed: {type(exc).__name__}: {_safe(exc)}") from exc
         self._broken_until = 0.0
         return reply
+
+
+try:
+    from redis.exceptions import MaxConnectionsError as _POOL_EXHAUSTED
+except ImportError:  # redis-py before 6
+    _POOL_EXHAUSTED = ()  # type: ignore[assignment,misc]
 
 
 def _safe(exc: BaseException) -> str:
