@@ -556,6 +556,7 @@ class RateBalancer:
             estimator=s.estimator,
             exploration_share=s.exploration_share,
             failure_penalty=s.failure_penalty,
+            prior_samples=s.prior_samples,
         )
 
     def _capacity(self, view: _GroupView, candidate: Candidate) -> float:

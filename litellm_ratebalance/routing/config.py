@@ -50,6 +50,10 @@ class RoutingSettings(SettingsModel):
     estimator: Literal["normal", "empirical"] = "normal"
     """``normal``: probability from a normal fit of the deployment's rates (the proposal); ``empirical``:
     the share of its own samples above the SLA."""
+    prior_samples: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
+    """Weight, in samples, of a neutral prior in each deployment's probability (``1 - greediness``): a
+    deployment with few samples in the window keeps a fair chance, so a quiet one that got faster is
+    found. 0: the proposal's estimate."""
     refresh_interval: Annotated[float, Field(ge=0.01, le=300.0)] = 1.0
     """Seconds between synchronisations of the local view with the shared store (writes and reads)."""
     exploration_share: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
@@ -68,7 +72,7 @@ class RoutingSettings(SettingsModel):
     minute's usage) a deployment's share is scaled down linearly, to 0 at exhaustion. 0 disables it."""
     rate_limit_header_max_age_seconds: Annotated[float, Field(ge=1.0, le=3600.0)] = 60.0
     """A deployment's latest ``x-ratelimit-*`` headers are trusted this long (or until their reset time)."""
-    stall_latency_factor: Annotated[float, Field(ge=0.0, le=1000.0)] = 3.0
+    stall_latency_factor: Annotated[float, Field(ge=0.0, le=1000.0)] = 2.0
     """A request in flight longer than this many times the deployment's mean latency (and at least
     ``stall_min_seconds``) counts as a recent failure until it finishes. 0 disables stall detection."""
     stall_min_seconds: Annotated[float, Field(ge=0.1, le=3600.0)] = 5.0

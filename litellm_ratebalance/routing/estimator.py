@@ -21,6 +21,9 @@ Definitions (the proposal's meaning, with our additions marked *):
   samples above the SLA (from its histogram). A normal fit of identical samples (zero spread) gives 1, 1/2
   or 0 as the mean is above, at or below the SLA (the proposal's code gave such a deployment weight 1).
 * **bootstrap**: while some candidate has no sample in the window every candidate gets the same weight.
+* *prior*: with ``prior_samples = k``, a deployment's probability from ``n`` samples is blended with the
+  pooled share above the SLA (``1 - greediness``) as ``(n p + k (1 - greediness)) / (n + k)``: a deployment
+  with few samples in the window is neither written off nor crowned on their strength.
 * *failure penalty*: the weight is multiplied by ``(1 - f) ** failure_penalty``, ``f`` the share of the
   deployment's recent attempts (a shorter window) that failed, so a failing deployment loses its share in
   seconds rather than after a window.
@@ -406,6 +409,7 @@ def compute_shares(
     estimator: EstimatorName = "normal",
     exploration_share: float = 0.0,
     failure_penalty: float = 0.0,
+    prior_samples: float = 0.0,
     round_robin: bool = False,
 ) -> Shares:
     """Choice probabilities of the candidates ``states`` (see the module docstring for the rules).
@@ -426,6 +430,15 @@ def compute_shares(
         mode = "weighted"
         sla = pooled_percentile((state.window for state in states), greediness)
         probabilities = [probability_above(state.window, sla, estimator) for state in states]
+        if prior_samples > 0:
+            # A few samples say little: pull the estimate toward the share of all samples above the SLA
+            # (1 - greediness) as if prior_samples typical samples were added, so a quiet deployment is
+            # tried often enough to show that it got better.
+            typical = 1.0 - greediness
+            probabilities = [
+                (state.window.count * p + prior_samples * typical) / (state.window.count + prior_samples)
+                for p, state in zip(probabilities, states, strict=True)
+            ]
     weights = [
         p * failure_multiplier(state.recent_failures, state.recent_attempts, failure_penalty)
         for p, state in zip(probabilities, states, strict=True)

@@ -191,3 +191,16 @@ def test_rate_limit_observation_fraction_and_age() -> None:
     assert stamped.is_current(14_999, 60.0) and not stamped.is_current(15_000, 60.0)
     assert not RateLimitObservation(observed_ms=0).is_current(60_000, 60.0)
     assert math.isfinite(obs.fraction_left() or 0.0)
+
+
+def test_prior_pulls_sparse_deployments_toward_the_typical_share() -> None:
+    rng = random.Random(4)
+    busy = agg([rng.gauss(100, 10) for _ in range(100)])
+    quiet = agg([40.0])
+    plain = compute_shares(states(busy, quiet), greediness=0.5)
+    with_prior = compute_shares(states(busy, quiet), greediness=0.5, prior_samples=3.0)
+    assert plain.probabilities[1] == 0.0
+    # One sample plus 3 prior samples at the typical 0.5: (1 * 0 + 3 * 0.5) / 4.
+    assert with_prior.probabilities[1] == pytest.approx(0.375)
+    assert with_prior.probabilities[0] == pytest.approx((100 * plain.probabilities[0] + 1.5) / 103)
+    assert with_prior.shares[1] > 0.2
