@@ -1,0 +1,582 @@
+"""Routing benchmark: LiteLLM's built-in strategies vs the rate balancer vs an oracle, on mock deployments.
+
+Every strategy drives a real ``litellm.Router`` (``openai/...`` deployments whose ``api_base`` points at mock
+OpenAI-compatible servers on 127.0.0.1, run in a child process) through the same seeded scenario: the same
+request sequence (open-loop Poisson arrivals) and the same true deployment behaviour over time. One scenario
+also runs through the real ``litellm`` proxy process (``litellm_settings.callbacks:
+["litellm_ratebalance.rate_balancer"]``) against the best built-in strategy of that scenario.
+
+Usage::
+
+    python bench/bench_routing.py            # full run (~6 minutes on 2 cores)
+    python bench/bench_routing.py --quick    # ~1 minute smoke run
+    python bench/bench_routing.py --write    # also write bench/results/routing.md and the drift share plot
+
+Per scenario it prints the mean and p5 effective token rate ((output + input / ratio) / latency, failures
+count 0), p50/p95 latency of successful requests, goodput (output tokens of successful requests per second),
+errors, the share of requests each deployment received, and ratios against the best built-in and the oracle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import random
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import litellm
+from aiohttp import ClientSession, ClientTimeout, TCPConnector
+
+from litellm_ratebalance.simulate.load import (
+    RequestResult,
+    Summary,
+    proxy_sender,
+    router_sender,
+    run_load,
+    summarise,
+)
+from litellm_ratebalance.simulate.mock_openai import MockClusterProcess, ServedRequest
+from litellm_ratebalance.simulate.oracle import MOCK_NAME_KEY, OracleRouting
+from litellm_ratebalance.simulate.scenarios import SCENARIOS, Scenario, build_scenario
+
+BUILT_INS = ("simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2")
+STRATEGIES = (*BUILT_INS, "ours", "oracle")
+MODEL_GROUP = "bench"
+RATIO = 250.0
+PROXY_SCENARIO = "drift"
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+# The rate balancer's time settings, scaled to the simulation's compressed time (requests take ~0.2-3 s and a
+# run lasts seconds, where real traffic takes ~10x longer and changes over minutes). Everything else is the
+# package default. The same values go to the SDK strategy and to the proxy's config.
+OURS_SETTINGS: dict[str, Any] = {
+    "window_seconds": 5,
+    "bucket_seconds": 1,
+    "refresh_interval": 0.25,
+    "failure_window_seconds": 2,
+    "stall_min_seconds": 1.0,
+    "rate_limit_header_max_age_seconds": 5.0,
+}
+
+
+@dataclass
+class Run:
+    """One strategy on one scenario."""
+
+    scenario: str
+    strategy: str
+    summary: Summary
+    results: list[RequestResult]
+    served: list[ServedRequest]
+    wall_seconds: float
+
+    def shares(self, names: Sequence[str]) -> dict[str, float]:
+        """Share of the requests that reached each deployment (by the mock's own log)."""
+        counts = dict.fromkeys(names, 0)
+        for record in self.served:
+            counts[record.deployment] = counts.get(record.deployment, 0) + 1
+        total = sum(counts.values())
+        return {name: counts[name] / total if total else 0.0 for name in names}
+
+
+# -- strategies -------------------------------------------------------------------------------------------
+def _model_list(scenario: Scenario, api_bases: dict[str, str], tag: str, group: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "model_name": group,
+            "litellm_params": {
+                "model": f"openai/mock-{spec.name}",
+                "api_base": api_bases[spec.name],
+                "api_key": "sk-mock",
+                "max_retries": 0,  # no hidden SDK retries: one request = one routing decision
+                "timeout": scenario.workload.timeout,
+            },
+            "model_info": {"id": f"{tag}-{spec.name}", MOCK_NAME_KEY: spec.name},
+        }
+        for spec in scenario.deployments
+    ]
+
+
+def _group(tag: str) -> str:
+    """Model group of one SDK run: unique per run, so runs side by side never share routing state (LiteLLM's
+    strategies and ours key their state by model group and deployment id)."""
+    return f"{MODEL_GROUP}-{tag}"
+
+
+@contextlib.contextmanager
+def _isolated_callbacks() -> Iterator[None]:
+    """Restore LiteLLM's global callback lists after a run: each Router (and our strategy) registers
+    callbacks there, and one run's must not filter or observe the next run's requests."""
+    names = (
+        "callbacks",
+        "success_callback",
+        "failure_callback",
+        "_async_success_callback",
+        "_async_failure_callback",
+        "input_callback",
+        "service_callback",
+    )
+    saved = {name: list(getattr(litellm, name)) for name in names}
+    try:
+        yield
+    finally:
+        for name, items in saved.items():
+            getattr(litellm, name)[:] = items
+
+
+def _make_router(
+    strategy: str, scenario: Scenario, api_bases: dict[str, str], epoch: float, tag: str
+) -> tuple[Any, Callable[[str], None] | None, Callable[[], None], Any]:
+    """(router, on_done(request_id) or None, teardown, our balancer or None)."""
+    model_list = _model_list(scenario, api_bases, tag, _group(tag))
+    common: dict[str, Any] = {"num_retries": 0, "timeout": scenario.workload.timeout}
+    if strategy in BUILT_INS:
+        router = litellm.Router(model_list=model_list, routing_strategy=strategy, **common)
+        return router, None, router.discard, None
+    router = litellm.Router(model_list=model_list, routing_strategy="simple-shuffle", **common)
+    if strategy == "oracle":
+        specs = {spec.name: spec for spec in scenario.deployments}
+        oracle = OracleRouting(router, specs, epoch, ratio=RATIO)
+        router.set_custom_routing_strategy(oracle)
+        return router, oracle.finished, router.discard, None
+    if strategy == "ours":
+        from litellm_ratebalance.proxy.routing import RateBalancedRouting
+        from litellm_ratebalance.routing.balancer import RateBalancer
+        from litellm_ratebalance.routing.config import RoutingSettings
+        from litellm_ratebalance.store import MemoryStore
+
+        balancer = RateBalancer(
+            MemoryStore(), RoutingSettings(**OURS_SETTINGS), rng=random.Random(f"ours/{scenario.name}/{scenario.seed}")
+        )
+        ours = RateBalancedRouting(router, balancer=balancer).install()
+
+        def teardown() -> None:
+            ours.uninstall()
+            router.discard()
+
+        return router, None, teardown, ours.balancer()
+    raise ValueError(f"unknown strategy {strategy!r}")
+
+
+async def _trace_balancer(balancer: Any, epoch: float, tag: str, every: float, end: float) -> list[str]:
+    """Lines of what our balancer believes, sampled every ``every`` seconds until ``end`` (diagnostics)."""
+    lines: list[str] = []
+    while time.time() - epoch < end:
+        await asyncio.sleep(every)
+        estimates = balancer.estimates(_group(tag))
+        parts = []
+        for deployment_id, e in sorted(estimates.items()):
+            name = deployment_id.removeprefix(tag + "-")
+            share = "-" if e.share is None else f"{e.share:.2f}"
+            parts.append(
+                f"{name}: share {share} n {e.samples} fail {e.failures} mean {e.mean_rate:.0f} "
+                f"sd {e.std_rate:.0f} inflight {e.in_flight}"
+            )
+        mode = next(iter(estimates.values())).mode if estimates else "-"
+        lines.append(f"    t={time.time() - epoch:4.1f}s [{mode}] " + " | ".join(parts))
+    return lines
+
+
+async def run_strategy(
+    cluster: MockClusterProcess,
+    scenario: Scenario,
+    strategy: str,
+    run_no: int,
+    *,
+    trace: bool = False,
+    alone: bool = True,
+) -> Run:
+    """Run one strategy on a scenario against ``cluster`` (reset for the run). ``alone``: no other run shares
+    this process, so the global generator can be seeded and LiteLLM's callback lists restored afterwards."""
+    workload = scenario.workload
+    with _isolated_callbacks() if alone else contextlib.nullcontext():
+        epoch = time.time() + 0.3
+        await cluster.reset(epoch=epoch)
+        tag = f"r{run_no}"
+        if alone:
+            # LiteLLM's shuffles draw from the global generator: seed it so a run repeats as far as timing allows.
+            random.seed(f"{scenario.name}/{scenario.seed}/{strategy}")
+        router, on_done, teardown, balancer = _make_router(strategy, scenario, cluster.api_bases, epoch, tag)
+        tracer = None
+        if trace and balancer is not None:
+            every = workload.duration / 12
+            tracer = asyncio.create_task(_trace_balancer(balancer, epoch, tag, every, workload.duration + 1))
+        try:
+            send = router_sender(router, _group(tag), timeout=workload.timeout)
+            done = (lambda request: on_done(str(request.index))) if on_done is not None else None
+            started = time.perf_counter()
+            results = await run_load(scenario.plan(), send, epoch=epoch, deadline=workload.timeout + 2.0, on_done=done)
+            wall = time.perf_counter() - started
+            await asyncio.sleep(0.2)  # let LiteLLM's logging tasks of the last requests finish before teardown
+            if tracer is not None:
+                print(f"  ours' estimates on {scenario.name}:\n" + "\n".join(await tracer), flush=True)
+        finally:
+            teardown()
+    served = await cluster.served()
+    return Run(scenario.name, strategy, summarise(results, RATIO), results, served, wall)
+
+
+async def run_scenario(
+    scenario: Scenario, strategies: Sequence[str], first_run_no: int, *, parallel: bool, trace: bool
+) -> tuple[list[Run], MockClusterProcess]:
+    """Every strategy on ``scenario``: one after another on one mock cluster, or (``parallel``, the quick
+    smoke run) all at once, each on its own mock cluster process. Returns the runs and a started cluster for
+    the proxy runs (the caller stops it)."""
+    if not parallel:
+        cluster = MockClusterProcess(scenario.deployments)
+        await cluster.start()
+        runs = []
+        for offset, strategy in enumerate(strategies):
+            runs.append(await run_strategy(cluster, scenario, strategy, first_run_no + offset, trace=trace))
+            _print_run(runs[-1])
+        return runs, cluster
+    clusters = [MockClusterProcess(scenario.deployments) for _ in strategies]
+    try:
+        await asyncio.gather(*(c.start() for c in clusters))
+        with _isolated_callbacks():
+            runs = list(
+                await asyncio.gather(
+                    *(
+                        run_strategy(c, scenario, s, first_run_no + i, trace=trace, alone=False)
+                        for i, (c, s) in enumerate(zip(clusters, strategies, strict=True))
+                    )
+                )
+            )
+    finally:
+        await asyncio.gather(*(c.stop() for c in clusters[1:]))
+    for run in runs:
+        _print_run(run)
+    return runs, clusters[0]
+
+
+def _print_run(run: Run) -> None:
+    s = run.summary
+    print(
+        f"  {run.strategy:24s} mean {s.mean_rate:6.1f}  p5 {s.p5_rate:6.1f}  p50 {s.p50_latency:5.2f}s  "
+        f"p95 {s.p95_latency:5.2f}s  goodput {s.goodput:6.1f}  errors {s.errors:3d}  ({run.wall_seconds:.1f}s)",
+        flush=True,
+    )
+
+
+# -- the real proxy ---------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _proxy_config(scenario: Scenario, api_bases: dict[str, str], strategy: str, master_key: str) -> str:
+    import json
+
+    model_list = _model_list(scenario, api_bases, f"proxy-{strategy}", MODEL_GROUP)
+    router_settings = {
+        "routing_strategy": "simple-shuffle" if strategy == "ours" else strategy,
+        "num_retries": 0,
+        "timeout": scenario.workload.timeout,
+    }
+    litellm_settings: dict[str, Any] = {"request_timeout": scenario.workload.timeout}
+    if strategy == "ours":
+        litellm_settings["callbacks"] = ["litellm_ratebalance.rate_balancer"]
+        litellm_settings["ratebalance"] = {"routing": OURS_SETTINGS}
+    config = {
+        "model_list": model_list,
+        "router_settings": router_settings,
+        "litellm_settings": litellm_settings,
+        "general_settings": {"master_key": master_key},
+    }
+    return json.dumps(config, indent=2)  # JSON is YAML
+
+
+async def run_proxy(cluster: MockClusterProcess, scenario: Scenario, strategy: str, workdir: Path) -> Run:
+    """Start ``litellm --config ... --port ...`` for ``strategy`` ("ours" = simple-shuffle + our callback), run
+    the scenario over HTTP, stop the proxy."""
+    master_key = "sk-bench-" + secrets.token_hex(16)
+    config_path = workdir / f"proxy-{strategy}.yaml"
+    config_path.write_text(_proxy_config(scenario, cluster.api_bases, strategy, master_key))
+    port = _free_port()
+    litellm_bin = Path(sys.executable).with_name("litellm")
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", PYTHONUNBUFFERED="1")
+    log_path = workdir / f"proxy-{strategy}.log"
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            *[str(litellm_bin), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=workdir,
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        async with ClientSession(connector=TCPConnector(limit=256)) as session:
+            deadline = time.monotonic() + 60
+            while True:
+                if process.returncode is not None:
+                    raise RuntimeError(f"proxy exited ({process.returncode}); see {log_path}")
+                with contextlib.suppress(Exception):
+                    async with session.get(f"{base_url}/health/liveliness", timeout=ClientTimeout(total=1)) as r:
+                        if r.status == 200:
+                            break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"proxy not ready after 60 s; see {log_path}")
+                await asyncio.sleep(0.25)
+            workload = scenario.workload
+            epoch = time.time() + 0.3
+            await cluster.reset(epoch=epoch)
+            send = proxy_sender(session, base_url, master_key, MODEL_GROUP, timeout=workload.timeout + 1.0)
+            started = time.perf_counter()
+            results = await run_load(scenario.plan(), send, epoch=epoch, deadline=workload.timeout + 2.0)
+            wall = time.perf_counter() - started
+    finally:
+        process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), 10)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+    problems = [
+        line
+        for line in log_path.read_text(errors="replace").splitlines()
+        if "Traceback" in line or "litellm_ratebalance routing:" in line
+    ]
+    if problems:
+        print(f"  proxy {strategy}: {len(problems)} error lines in its log, first: {problems[0][:200]}", flush=True)
+    served = await cluster.served()
+    return Run(scenario.name, f"proxy: {strategy}", summarise(results, RATIO), results, served, wall)
+
+
+# -- report -----------------------------------------------------------------------------------------------
+def _fmt(value: float, digits: int = 1) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _ratio(a: float, b: float) -> str:
+    return "-" if not b or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
+
+
+def scenario_table(scenario: Scenario, runs: Sequence[Run]) -> list[str]:
+    names = [spec.name for spec in scenario.deployments]
+    sdk = [r for r in runs if not r.strategy.startswith("proxy")]
+    built_in = [r for r in sdk if r.strategy in BUILT_INS]
+    best_mean = max(built_in, key=lambda r: r.summary.mean_rate)
+    best_p95 = min(built_in, key=lambda r: r.summary.p95_latency)
+    oracle = next((r for r in sdk if r.strategy == "oracle"), None)
+    lines = [
+        f"### {scenario.name}",
+        "",
+        scenario.description,
+        "",
+        "| strategy | mean eff rate | p5 eff rate | p50 lat s | p95 lat s | goodput tok/s | errors | share "
+        + "/".join(names)
+        + " % | mean vs best built-in | p95 vs best built-in | mean vs oracle |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for run in runs:
+        s = run.summary
+        shares = run.shares(names)
+        errors = f"{s.errors}/{s.requests}"
+        if s.error_kinds:
+            errors += " (" + ", ".join(f"{k} {v}" for k, v in list(s.error_kinds.items())[:2]) + ")"
+        lines.append(
+            f"| {run.strategy} | {_fmt(s.mean_rate)} | {_fmt(s.p5_rate)} | {_fmt(s.p50_latency, 2)} "
+            f"| {_fmt(s.p95_latency, 2)} | {_fmt(s.goodput)} | {errors} "
+            f"| {'/'.join(f'{100 * shares[n]:.0f}' for n in names)} "
+            f"| {_ratio(s.mean_rate, best_mean.summary.mean_rate)} "
+            f"| {_ratio(s.p95_latency, best_p95.summary.p95_latency)} "
+            f"| {_ratio(s.mean_rate, oracle.summary.mean_rate) if oracle else '-'} |"
+        )
+    lines.append("")
+    lines.append(
+        f"Best built-in: mean eff rate {best_mean.strategy}, p95 latency {best_p95.strategy}. "
+        "Ratios: mean rows / best built-in mean, p95 rows / best built-in p95 (below 1 is better), mean / oracle."
+    )
+    return lines
+
+
+def target_lines(scenarios: Sequence[Scenario], runs_by: dict[str, list[Run]]) -> list[str]:
+    lines = ["| scenario | ours / best built-in mean (> 1) | ours / best built-in p95 (< 1) | ours / oracle mean |"]
+    lines.append("|---|---:|---:|---:|")
+    for scenario in scenarios:
+        runs = {r.strategy: r for r in runs_by[scenario.name]}
+        if "ours" not in runs:
+            continue
+        ours = runs["ours"].summary
+        built_in = [runs[b].summary for b in BUILT_INS if b in runs]
+        if not built_in:
+            continue
+        best_mean = max(s.mean_rate for s in built_in)
+        best_p95 = min(s.p95_latency for s in built_in)
+        oracle = runs.get("oracle")
+        need_oracle = scenario.name in ("stable-heterogeneous", "drift")
+        ratio_oracle = ours.mean_rate / oracle.summary.mean_rate if oracle else math.nan
+        mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+        lines.append(
+            f"| {scenario.name} | {ours.mean_rate / best_mean:.2f} {mark(ours.mean_rate > best_mean)} "
+            f"| {ours.p95_latency / best_p95:.2f} {mark(ours.p95_latency < best_p95)} "
+            f"| {ratio_oracle:.2f}" + (f" {mark(ratio_oracle >= 0.85)} (target >= 0.85)" if need_oracle else "") + " |"
+        )
+    return lines
+
+
+def plot_drift(scenario: Scenario, runs: Sequence[Run], path: Path, bin_seconds: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [spec.name for spec in scenario.deployments]
+    shown = [r for r in runs if not r.strategy.startswith("proxy")] + [
+        r for r in runs if r.strategy.startswith("proxy")
+    ]
+    columns = 3
+    rows = math.ceil(len(shown) / columns)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(4.2 * columns, 2.8 * rows), sharex=True, sharey=True, squeeze=False
+    )
+    bins = max(1, math.ceil(scenario.workload.duration / bin_seconds))
+    edges = [i * bin_seconds for i in range(bins + 1)]
+    centres = [(edges[i] + edges[i + 1]) / 2 for i in range(bins)]
+    for ax, run in zip(axes.flat, shown, strict=False):
+        counts = {n: [0] * bins for n in names}
+        for record in run.served:
+            index = min(bins - 1, max(0, int(record.arrival / bin_seconds)))
+            counts.setdefault(record.deployment, [0] * bins)[index] += 1
+        totals = [sum(counts[n][i] for n in names) or 1 for i in range(bins)]
+        ax.stackplot(centres, *[[counts[n][i] / totals[i] for i in range(bins)] for n in names], labels=names)
+        for at, label in scenario.events:
+            ax.axvline(at, color="black", linestyle="--", linewidth=1)
+            ax.text(at, 1.02, label, fontsize=7, ha="center")
+        ax.set_title(run.strategy, fontsize=9)
+        ax.set_ylim(0, 1)
+        ax.set_xlim(0, scenario.workload.duration)
+    for ax in list(axes.flat)[len(shown) :]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("seconds")
+    for row in axes:
+        row[0].set_ylabel("share of requests")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    rates = {
+        spec.name: (spec.behaviour.token_rate, spec.behaviour_at(scenario.workload.duration).token_rate)
+        for spec in scenario.deployments
+    }
+    fig.legend(
+        handles,
+        [f"{n} ({rates[n][0]:.0f}->{rates[n][1]:.0f} tok/s)" for n in labels],
+        loc="lower center",
+        ncol=len(names),
+        fontsize=8,
+    )
+    fig.suptitle(f"{scenario.name}: share of requests per deployment over time ({bin_seconds:.1f} s bins)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.97))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- main -------------------------------------------------------------------------------------------------
+async def main_async(args: argparse.Namespace) -> int:
+    duration = args.duration or (2.0 if args.quick else 9.0)
+    scenarios = [build_scenario(name, duration=duration, seed=args.seed) for name in args.scenarios]
+    strategies = [s for s in STRATEGIES if s in args.strategies]
+    runs_by: dict[str, list[Run]] = {}
+    bench_started = time.perf_counter()
+    run_no = 1
+    with tempfile.TemporaryDirectory(prefix="bench-routing-") as tmp:
+        for scenario in scenarios:
+            print(f"\n== {scenario.name}: {scenario.description}; {len(scenario.plan())} requests", flush=True)
+            runs, cluster = await run_scenario(scenario, strategies, run_no, parallel=args.quick, trace=args.trace)
+            run_no += len(strategies)
+            runs_by[scenario.name] = runs
+            try:
+                if args.proxy and scenario.name == PROXY_SCENARIO:
+                    built_in = [r for r in runs if r.strategy in BUILT_INS]
+                    proxy_strategies = ["ours"]
+                    if built_in and not args.quick:
+                        proxy_strategies.insert(0, max(built_in, key=lambda r: r.summary.mean_rate).strategy)
+                    for strategy in proxy_strategies:
+                        runs.append(await run_proxy(cluster, scenario, strategy, Path(tmp)))
+                        _print_run(runs[-1])
+            finally:
+                await cluster.stop()
+    elapsed = time.perf_counter() - bench_started
+    command = "python bench/bench_routing.py " + " ".join(args.argv)
+    lines = [
+        "## Routing benchmark",
+        "",
+        f"Command: `{command.strip()}` (total {elapsed:.0f} s). LiteLLM {_litellm_version()}, seed {args.seed}, "
+        f"{duration:g} s of Poisson arrivals per run, input-to-output ratio {RATIO:g}.",
+        "",
+        "Every run: a fresh `litellm.Router` (num_retries 0, SDK max_retries 0, default cooldowns), the same "
+        "request plan and deployment timeline. Mean / p5 effective rate over all requests (a failure counts 0); "
+        "latency over successful requests; goodput = successful output tokens / run time; share = requests each "
+        "deployment received (mock log). `ours` = `RateBalancedRouting` with "
+        + ", ".join(f"{k}={v}" for k, v in OURS_SETTINGS.items())
+        + " (time settings scaled to the compressed simulation), the rest default."
+        + (
+            " Quick smoke run: the strategies of a scenario ran side by side (one mock cluster each), so the "
+            "figures are few and noisy."
+            if args.quick
+            else " Strategies ran one after another."
+        ),
+        "",
+    ]
+    for scenario in scenarios:
+        if any(r.strategy in BUILT_INS for r in runs_by[scenario.name]):
+            lines += [*scenario_table(scenario, runs_by[scenario.name]), ""]
+        else:
+            lines += [f"### {scenario.name}", "(no built-in strategy ran)", ""]
+    lines += ["### Targets", "", *target_lines(scenarios, runs_by), ""]
+    report = "\n".join(lines)
+    print("\n" + report)
+    if args.write:
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        (RESULTS_DIR / "routing.md").write_text(report + "\n")
+        drift = next((s for s in scenarios if s.name == "drift"), None)
+        if drift is not None:
+            plot_drift(drift, runs_by["drift"], RESULTS_DIR / "routing_drift_share.png", bin_seconds=duration / 12)
+        print(f"wrote {RESULTS_DIR / 'routing.md'} and the drift share plot")
+    return 0
+
+
+def _litellm_version() -> str:
+    from importlib.metadata import version
+
+    return version("litellm")
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run (~1 minute): 2 s per run, the strategies of a scenario side by side, proxy: ours only",
+    )
+    parser.add_argument("--duration", type=float, default=None, help="seconds of arrivals per run")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--no-proxy", dest="proxy", action="store_false", help="skip the run through the proxy")
+    parser.add_argument("--trace", action="store_true", help="print our balancer's estimates during its runs")
+    parser.add_argument("--write", action="store_true", help="write bench/results/routing.md and the PNG")
+    args = parser.parse_args(argv)
+    args.argv = list(argv)
+    return args
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main_async(parse_args(sys.argv[1:]))))
