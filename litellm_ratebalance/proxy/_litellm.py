@@ -117,6 +117,13 @@ def narrow_like_router(
     filter its pick away. The request's control values are read, not consumed (the Router pops them later).
     """
     kwargs = request_kwargs or {}
+    if (
+        "_target_order" not in kwargs
+        and not kwargs.get("_excluded_deployment_ids")
+        and not kwargs.get("_retry_skipped_deployment_ids")
+        and not any((d.get("litellm_params") or {}).get("order") is not None for d in deployments)
+    ):
+        return deployments  # the common case, on the request path: nothing to narrow
     try:
         from litellm.utils import get_excluded_filtered_deployments, get_order_filtered_deployments
     except ImportError:

@@ -80,27 +80,47 @@ def _deployment_id(deployment: Mapping[str, Any]) -> str | None:
     return str(value) if value is not None else None
 
 
+_candidate_cache: dict[int, tuple[Mapping[str, Any], Candidate]] = {}
+_CANDIDATE_CACHE_SIZE = 4096
+
+
+def _candidate(deployment: Mapping[str, Any]) -> Candidate | None:
+    # The Router hands the same deployment dicts on every request: read each one once. The cache holds the
+    # dict itself, so its id cannot be reused by another object while the entry exists.
+    key = id(deployment)
+    cached = _candidate_cache.get(key)
+    if cached is not None and cached[0] is deployment:
+        return cached[1]
+    deployment_id = _deployment_id(deployment)
+    if deployment_id is None:
+        return None
+    info = deployment.get("model_info") or {}
+    params = deployment.get("litellm_params") or {}
+    candidate = Candidate(
+        deployment_id,
+        _positive(info.get("input_to_output_ratio")),
+        _positive(params.get("tpm", deployment.get("tpm"))),
+        _positive(params.get("rpm", deployment.get("rpm"))),
+    )
+    if len(_candidate_cache) >= _CANDIDATE_CACHE_SIZE:
+        _candidate_cache.clear()  # the Router replaced its model list (or many routers): start over
+    _candidate_cache[key] = (deployment, candidate)
+    return candidate
+
+
 def deployment_candidates(deployments: Sequence[Mapping[str, Any]]) -> tuple[Candidate, ...] | None:
     """The balancer's view of LiteLLM deployment dicts (None when one lacks a ``model_info.id``).
 
     The ratio comes from ``model_info.input_to_output_ratio``; tpm / rpm from ``litellm_params`` (or the
-    deployment's top level, where LiteLLM also accepts them).
+    deployment's top level, where LiteLLM also accepts them). A dict is read once and remembered (the
+    Router passes the same dicts each time and builds new ones when its model list changes).
     """
     out: list[Candidate] = []
     for deployment in deployments:
-        deployment_id = _deployment_id(deployment)
-        if deployment_id is None:
+        candidate = _candidate(deployment)
+        if candidate is None:
             return None
-        info = deployment.get("model_info") or {}
-        params = deployment.get("litellm_params") or {}
-        out.append(
-            Candidate(
-                deployment_id,
-                _positive(info.get("input_to_output_ratio")),
-                _positive(params.get("tpm", deployment.get("tpm"))),
-                _positive(params.get("rpm", deployment.get("rpm"))),
-            )
-        )
+        out.append(candidate)
     return tuple(out)
 
 
