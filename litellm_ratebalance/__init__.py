@@ -18,8 +18,9 @@ from litellm_ratebalance.errors import ConfigurationError, RateBalanceError, Sto
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback, backpressure
 from litellm_ratebalance.proxy.contracts import TrafficContractsCallback, traffic_contracts
 from litellm_ratebalance.proxy.limiter import PriorityRateLimiter, rate_limiter
-from litellm_ratebalance.proxy.routing import RateBalancerCallback, rate_balancer
+from litellm_ratebalance.proxy.routing import RateBalancedRouting, RateBalancerCallback, rate_balancer
 from litellm_ratebalance.proxy.runtime import configure
+from litellm_ratebalance.routing import RateBalancer, RoutingSettings
 from litellm_ratebalance.settings import Settings, parse_settings
 
 try:
@@ -32,7 +33,10 @@ __all__ = [
     "ConfigurationError",
     "PriorityRateLimiter",
     "RateBalanceError",
+    "RateBalancedRouting",
+    "RateBalancer",
     "RateBalancerCallback",
+    "RoutingSettings",
     "Settings",
     "StoreError",
     "TrafficContractsCallback",

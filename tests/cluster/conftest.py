@@ -56,7 +56,7 @@ async def cluster_client(redis_cluster: RedisClusterNodes) -> AsyncIterator[Any]
 @pytest.fixture(params=["cluster"])
 async def store(cluster_client: Any) -> AsyncIterator[RedisStore]:
     """Overrides tests/conftest.py's ``store``: the behavioural suites' store, on the Redis Cluster."""
-    yield RedisStore(cluster_client, KeySpace("rbtest"))
+    yield RedisStore(cluster_client, KeySpace("rbtest"), timeout_seconds=5.0)  # bursts on 3 masters, 2 busy cores
 
 
 async def cluster_key_count(client: Any) -> int:
