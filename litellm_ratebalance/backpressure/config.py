@@ -46,8 +46,10 @@ class LimitSettings(SettingsModel):
     initial_limit: Slots = 8
     min_limit: Slots = 1
     max_limit: Slots = 256
-    tolerance: Annotated[float, Field(ge=1.0, le=10.0)] = 1.2
-    """How far the per-token latency may rise above its no-load baseline before the limit shrinks."""
+    tolerance: Annotated[float, Field(ge=1.0, le=10.0)] = 1.1
+    """How far the per-token latency may rise above its no-load baseline before the limit shrinks. The
+    default favours latency (the limit settles just past the server's knee); 1.3-1.5 trades latency for
+    throughput on batch-only deployments."""
     smoothing: Annotated[float, Field(ge=0.01, le=1.0)] = 0.2
     """Weight of each new estimate in the limit (and of each sample in the short-term latency)."""
     growth: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0

@@ -43,7 +43,7 @@ class LimitConfig:
     initial_limit: int = 8
     min_limit: int = 1
     max_limit: int = 256
-    tolerance: float = 1.2
+    tolerance: float = 1.1
     smoothing: float = 0.2
     growth: float = 1.0
     backoff_ratio: float = 0.9

@@ -961,6 +961,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 "local_leases": len(state.leases),
                 "mean_latency_seconds": state.mean_latency,
                 "baseline_rtt_per_token": state.limit.baseline_rtt,
+                "short_rtt_per_token": state.limit.short_rtt,
                 "signals": self._server_signals(ctx, state),
             }
             for deployment_id, state in ctx.deployments.items()
