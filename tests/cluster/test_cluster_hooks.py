@@ -181,11 +181,20 @@ async def test_contract_rejections_hold_exactly_across_replicas(redis_cluster: R
         await close_all(clients)
 
 
+def litellm_cluster_client(cluster: RedisClusterNodes) -> tuple[Any, Any]:
+    """(store client callable, client) exactly as the proxy hands them over: LiteLLM's ``RedisClusterCache``
+    for ``startup_nodes``, whose ``init_async_client`` the runtime gives the store (not initialized yet)."""
+    from litellm.caching.redis_cluster_cache import RedisClusterCache
+
+    cache = RedisClusterCache(startup_nodes=[{"host": host, "port": port} for host, port in cluster.startup_nodes])
+    return cache.init_async_client, cache.init_async_client()
+
+
 @pytest.mark.xfail(
     reason=(
-        "store/_scripts.py ScriptRunner sends every script straight to the RedisCluster client, whose async "
-        "pool does not wait: past max_connections per node (redis-py default 100) a call raises "
-        "MaxConnectionsError, counted as a store fault (fail open: admitted unlimited; and the circuit "
+        "store/_scripts.py ScriptRunner sends every script straight to the cluster client, whose async pool "
+        "does not wait: past max_connections per node (redis-py's default 100) a call raises "
+        "MaxConnectionsError, counted as a store fault (fail open: admitted uncounted, and the circuit "
         "breaker then skips Redis for store_retry_after_seconds) on a healthy cluster. LiteLLM gates its "
         "own cluster commands (ClusterConnectionGate); our runner needs the same (a per-loop semaphore "
         "sized to the client's max_connections), then this passes."
@@ -193,32 +202,34 @@ async def test_contract_rejections_hold_exactly_across_replicas(redis_cluster: R
     strict=False,
 )
 async def test_a_burst_beyond_the_default_pool_size_is_still_exact(redis_cluster: RedisClusterNodes) -> None:
-    client = await fresh_cluster_client(redis_cluster)  # redis-py's defaults, as LiteLLM builds it
+    admin = await fresh_cluster_client(redis_cluster)
+    get_client, client = litellm_cluster_client(redis_cluster)
     try:
-        limiter_ = limiter.make_limiter(RedisStore(client, KeySpace("rbcluster")), limiter.make_router(rpm=50))
+        await client.initialize()  # only the pool size is under test here
+        limiter_ = limiter.make_limiter(RedisStore(get_client, KeySpace("rbcluster")), limiter.make_router(rpm=50))
         results = await asyncio.gather(*(limiter.call(limiter_, limiter.request(), limiter.auth()) for _ in range(150)))
         assert sum(refused is None for refused in results) == 50
     finally:
         await client.aclose()
+        await admin.aclose()
 
 
 @pytest.mark.xfail(
     reason=(
-        "redis-py 8.1 async RedisCluster, first used by a burst of concurrent commands before it has read "
-        "the slot map (LiteLLM's init_async_client hands one over like that), runs some commands twice "
-        "(over-counting) and fails others with AttributeError ('NoneType' object has no attribute "
-        "'writelines'), which ScriptRunner does not turn into StoreError (the limiter then lets it out of "
-        "its pre-call hook). Fix in the store: await client.initialize() once (under a lock) before the "
-        "first script on a cluster client, and map unexpected client errors to StoreError."
+        "redis-py 8.1's async RedisCluster (LiteLLM's cluster client derives from it), first used by a burst "
+        "of concurrent commands before it has read the slot map, runs some commands twice (over-counting) "
+        "and may fail others with AttributeError ('NoneType' object has no attribute 'writelines'), which "
+        "ScriptRunner does not turn into StoreError (the limiter then lets it out of its pre-call hook). "
+        "Fix in the store: await client.initialize() once (under a lock) before the first script on a "
+        "cluster client, and map unexpected client errors to StoreError."
     ),
     strict=False,
 )
 async def test_a_first_burst_on_an_uninitialized_client_counts_exactly(redis_cluster: RedisClusterNodes) -> None:
     admin = await fresh_cluster_client(redis_cluster)
-    client = new_cluster_client(redis_cluster)
+    get_client, client = litellm_cluster_client(redis_cluster)
     try:
-        store = RedisStore(client, KeySpace("rbcluster"))
-        limiter_ = limiter.make_limiter(store, limiter.make_router(rpm=1000))
+        limiter_ = limiter.make_limiter(RedisStore(get_client, KeySpace("rbcluster")), limiter.make_router(rpm=1000))
         results = await asyncio.gather(
             *(limiter.call(limiter_, limiter.request(), limiter.auth()) for _ in range(60)), return_exceptions=True
         )
