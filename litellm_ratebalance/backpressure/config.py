@@ -144,6 +144,7 @@ class DeploymentConfig:
 
     deployment_id: str
     enabled: bool
+    """Managed by backpressure (see ``BackpressureSettings.all_deployments``)."""
     metrics_url: str | None
     server: ServerKind
     kv_cache_tokens: int | None
@@ -162,6 +163,9 @@ class BackpressureSettings(SettingsModel):
     """``litellm_settings.ratebalance.backpressure``."""
 
     enabled: bool = True
+    all_deployments: bool = False
+    """Manage every deployment of the Router. Off: only those with a ``model_info.backpressure`` block or a
+    ``deployments.<id>`` entry (a cloud provider's deployment beside your GPUs is left alone)."""
     tiers: list[str] = Field(default_factory=lambda: [DEFAULT_TIER])
     """Priority tiers, lowest first. Names are priorities as the limiter resolves them (team metadata, then
     key metadata); ``default`` stands for callers without a configured priority (if it is not listed, they
@@ -221,6 +225,7 @@ class BackpressureSettings(SettingsModel):
                     overrides.append(DeploymentOverrides.model_validate(dict(raw)))
                 except ValidationError as exc:
                     raise configuration_error(exc, f"deployment {deployment_id!r}: model_info.backpressure") from None
+        configured = any(layer is not None for layer in overrides)
         merged: dict[str, Any] = {}
         for layer in overrides:
             if layer is not None:
@@ -228,7 +233,7 @@ class BackpressureSettings(SettingsModel):
         limit = self.limit
         config = DeploymentConfig(
             deployment_id=deployment_id,
-            enabled=merged.get("enabled", self.enabled),
+            enabled=merged.get("enabled", self.enabled and (configured or self.all_deployments)),
             metrics_url=merged.get("metrics_url"),
             server=merged.get("server", self.server),
             kv_cache_tokens=merged.get("kv_cache_tokens", self.kv_cache_tokens),

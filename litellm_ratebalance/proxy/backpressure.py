@@ -145,6 +145,7 @@ class _Deployment:
 
     __slots__ = (
         "config",
+        "counted_at",
         "dispatcher",
         "inflight",
         "leases",
@@ -174,6 +175,7 @@ class _Deployment:
         )
         self.inflight = 0
         self.reserved_tokens = 0
+        self.counted_at = -math.inf
         self.mean_latency: float | None = None
         self.queue: FairQueue[_Waiter] = FairQueue(config.queue_max_depth)
         self.leases: dict[str, _Lease] = {}
@@ -184,8 +186,10 @@ class _Deployment:
     def deployment_id(self) -> str:
         return self.config.deployment_id
 
-    def counts(self, inflight: int, reserved_tokens: int) -> None:
+    def counts(self, inflight: int, reserved_tokens: int, now: float) -> None:
+        """The shared counts as the store just reported them (at ``now``, monotonic seconds)."""
         self.inflight, self.reserved_tokens = max(0, inflight), max(0, reserved_tokens)
+        self.counted_at = now
 
 
 @dataclass
@@ -469,7 +473,8 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 for d in healthy_deployments
             ]
             admitted, queueable, refused = self._sort(ctx, candidates, profile)
-            stale = [state for state, verdict, _ in refused if _count_based(verdict)]
+            fresh_after = self._clock() - ctx.settings.queue.poll_interval_seconds
+            stale = [s for s, verdict, _ in refused if _count_based(verdict) and s.counted_at < fresh_after]
             if not admitted and not queueable and stale:
                 # Our counts of other replicas' requests are up to one maintenance interval old: read them
                 # fresh before refusing on them (one round trip per deployment, on the refusal path only).
@@ -525,7 +530,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             elif isinstance(snapshot, BaseException):
                 raise snapshot
             else:
-                state.counts(snapshot.inflight, snapshot.reserved_tokens)
+                state.counts(snapshot.inflight, snapshot.reserved_tokens, self._clock())
 
     def _queue_full(
         self, ctx: _Context, state: _Deployment, verdict: Verdict, profile: _Profile, *, no_router_retry: bool = False
@@ -594,7 +599,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             unavailable = runtime.faults.unavailable(_COMPONENT)
             setattr(unavailable, _MARK, "store_unavailable")
             raise unavailable from exc
-        state.counts(result.inflight, result.reserved_tokens)
+        state.counts(result.inflight, result.reserved_tokens, self._clock())
         if result.acquired:
             lease = _Lease(lease_id, state.deployment_id, call_id, profile, time.time(), self._clock())
             state.leases[lease_id] = lease
@@ -811,11 +816,11 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         runtime = get_runtime()
         try:
             snapshot = await runtime.store().lease_release(lease.deployment_id, lease.lease_id)
-            state.counts(snapshot.inflight, snapshot.reserved_tokens)
+            state.counts(snapshot.inflight, snapshot.reserved_tokens, self._clock())
         except StoreError as exc:
             # Not renewed any more: the lease lapses after its TTL even if this release never lands.
             runtime.faults.record(_COMPONENT, exc, runtime.settings())
-            state.counts(state.inflight - 1, state.reserved_tokens - lease.profile.cost)
+            state.counts(state.inflight - 1, state.reserved_tokens - lease.profile.cost, state.counted_at)
         state.wake.set()
         self._gauges(state)
 
@@ -892,7 +897,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             except StoreError as exc:
                 runtime.faults.record(_COMPONENT, exc, runtime.settings())
                 continue
-            state.counts(snapshot.inflight, snapshot.reserved_tokens)
+            state.counts(snapshot.inflight, snapshot.reserved_tokens, self._clock())
             self._gauges(state, self._server_signals(ctx, state))
 
     def _drop_stale_leases(self, ctx: _Context, state: _Deployment, now: float) -> None:

@@ -47,6 +47,8 @@ async def harness() -> AsyncIterator[Callable[..., Awaitable[Any]]]:
         fail_mode: str = "open",
     ) -> tuple[Router, BackpressureCallback, list[InferenceServer]]:
         reset_runtime()
+        # all_deployments: the test deployments carry no backpressure block of their own.
+        backpressure = {"all_deployments": True, **backpressure}
         settings = parse_settings({"ratebalance": {"fail_mode": fail_mode, "backpressure": backpressure}})
         configure(settings=settings, store=store or MemoryStore())
         servers = [await InferenceServer(spec).start() for spec in specs]

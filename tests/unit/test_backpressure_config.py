@@ -55,3 +55,14 @@ def test_bad_model_info_names_the_deployment_and_key() -> None:
     assert "deployment 'gpu1': model_info.backpressure.colour: unknown setting" in text
     with pytest.raises(ConfigurationError, match="need min_limit <= initial_limit <= max_limit after overrides"):
         settings.for_deployment("gpu1", {"backpressure": {"max_limit": 4}})
+
+
+def test_only_configured_deployments_are_managed_unless_all_deployments() -> None:
+    settings = backpressure({"deployments": {"gpu2": {"max_limit": 8}}})
+    assert not settings.for_deployment("cloud", {"id": "cloud"}).enabled  # e.g. a provider beside your GPUs
+    assert settings.for_deployment("gpu1", {"id": "gpu1", "backpressure": {}}).enabled
+    assert settings.for_deployment("gpu2", {"id": "gpu2"}).enabled
+    assert not settings.for_deployment("gpu3", {"backpressure": {"enabled": False}}).enabled
+    everything = backpressure({"all_deployments": True})
+    assert everything.for_deployment("cloud", {"id": "cloud"}).enabled
+    assert not backpressure({"enabled": False}).for_deployment("gpu1", {"backpressure": {}}).enabled
