@@ -14,10 +14,18 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.servers import redis_server_binary
 
-__all__ = ["ClusterStartError", "RedisClusterNodes", "redis_cli_binary"]
+__all__ = [
+    "ClusterStartError",
+    "RedisClusterNodes",
+    "cluster_key_count",
+    "cluster_keys",
+    "fresh_cluster_client",
+    "redis_cli_binary",
+]
 
 START_TIMEOUT_S = 30.0
 
@@ -169,3 +177,27 @@ class RedisClusterNodes:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+async def fresh_cluster_client(cluster: RedisClusterNodes, **kwargs: Any) -> Any:
+    """A cluster client with every master emptied and every script cache flushed (NOSCRIPT reloads run)."""
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    client = RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in cluster.startup_nodes], **kwargs)
+    await client.initialize()
+    await client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    await client.script_flush()  # a cluster client sends SCRIPT FLUSH to every master
+    return client
+
+
+async def cluster_key_count(client: Any) -> int:
+    """DBSIZE summed over the masters (a cluster client sends plain DBSIZE to one node only)."""
+    from redis.asyncio.cluster import RedisCluster
+
+    sizes = await client.dbsize(target_nodes=RedisCluster.PRIMARIES)
+    return int(sum(sizes.values())) if isinstance(sizes, dict) else int(sizes)
+
+
+async def cluster_keys(client: Any, pattern: str = "*") -> list[str]:
+    """Every key matching ``pattern`` on every master."""
+    return [key.decode() if isinstance(key, bytes) else str(key) async for key in client.scan_iter(match=pattern)]

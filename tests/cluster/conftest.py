@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from litellm_ratebalance.store import KeySpace, RedisStore
-from tests.cluster.cluster import RedisClusterNodes, redis_cli_binary
+from tests.cluster.cluster import RedisClusterNodes, fresh_cluster_client, redis_cli_binary
 from tests.servers import redis_server_binary
 
 
@@ -26,17 +26,6 @@ def redis_cluster() -> Iterator[RedisClusterNodes]:
         pytest.skip("redis-server and redis-cli are needed for the Redis Cluster tests")
     with RedisClusterNodes() as cluster:
         yield cluster
-
-
-async def fresh_cluster_client(cluster: RedisClusterNodes, **kwargs: Any) -> Any:
-    """A cluster client with every master emptied and every script cache flushed (NOSCRIPT reloads run)."""
-    from redis.asyncio.cluster import ClusterNode, RedisCluster
-
-    client = RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in cluster.startup_nodes], **kwargs)
-    await client.initialize()
-    await client.flushall(target_nodes=RedisCluster.PRIMARIES)
-    await client.script_flush()  # a cluster client sends SCRIPT FLUSH to every master
-    return client
 
 
 SUITE_MAX_CONNECTIONS = 256
@@ -57,16 +46,3 @@ async def cluster_client(redis_cluster: RedisClusterNodes) -> AsyncIterator[Any]
 async def store(cluster_client: Any) -> AsyncIterator[RedisStore]:
     """Overrides tests/conftest.py's ``store``: the behavioural suites' store, on the Redis Cluster."""
     yield RedisStore(cluster_client, KeySpace("rbtest"), timeout_seconds=5.0)  # bursts on 3 masters, 2 busy cores
-
-
-async def cluster_key_count(client: Any) -> int:
-    """DBSIZE summed over the masters (a cluster client sends plain DBSIZE to one node only)."""
-    from redis.asyncio.cluster import RedisCluster
-
-    sizes = await client.dbsize(target_nodes=RedisCluster.PRIMARIES)
-    return int(sum(sizes.values())) if isinstance(sizes, dict) else int(sizes)
-
-
-async def cluster_keys(client: Any, pattern: str = "*") -> list[str]:
-    """Every key matching ``pattern`` on every master."""
-    return [key.decode() if isinstance(key, bytes) else str(key) async for key in client.scan_iter(match=pattern)]

@@ -15,8 +15,7 @@ import pytest
 
 from litellm_ratebalance.proxy.tokens import estimate_tokens
 from litellm_ratebalance.store import KeySpace, RedisStore
-from tests.cluster.cluster import RedisClusterNodes
-from tests.cluster.conftest import cluster_key_count, cluster_keys, fresh_cluster_client
+from tests.cluster.cluster import RedisClusterNodes, cluster_key_count, cluster_keys, fresh_cluster_client
 from tests.integration import contracts_support as contracts
 from tests.integration import limiter_support as limiter
 
