@@ -467,11 +467,13 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             ctx = self._context()
             if ctx is None or not healthy_deployments:
                 return healthy_deployments
-            profile = self._profile(ctx, request_kwargs or {}, messages)
             candidates = [
                 (d, self._deployment(ctx, d.get("model_info") if isinstance(d, Mapping) else None, model))
                 for d in healthy_deployments
             ]
+            if all(state is None for _, state in candidates):
+                return healthy_deployments  # none of them is managed: no token counting, no decision
+            profile = self._profile(ctx, request_kwargs or {}, messages)
             admitted, queueable, refused = self._sort(ctx, candidates, profile)
             fresh_after = self._clock() - ctx.settings.queue.poll_interval_seconds
             stale = [s for s, verdict, _ in refused if _count_based(verdict) and s.counted_at < fresh_after]
@@ -558,7 +560,9 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 return None
             profile = self._profile(ctx, kwargs, kwargs.get("messages"))
             call_id = str(kwargs.get("litellm_call_id") or uuid.uuid4().hex)
-            await self._admit(ctx, state, profile, call_id)
+            lease = await self._admit(ctx, state, profile, call_id)
+            if lease is not None:
+                self._release_if_cancelled(ctx, lease)
             return None
         except Exception as exc:
             if getattr(exc, _MARK, None):
@@ -566,16 +570,41 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             logger.exception("litellm_ratebalance backpressure: admission failed; letting the request through")
             return None
 
-    async def _admit(self, ctx: _Context, state: _Deployment, profile: _Profile, call_id: str) -> None:
+    def _release_if_cancelled(self, ctx: _Context, lease: _Lease) -> None:
+        """A cancelled request (client gone, router timeout) gets no success or failure event from LiteLLM:
+        give its slot back when the task that holds it ends cancelled."""
+        task = asyncio.current_task()
+        if task is None:
+            return
+
+        def done(finished: asyncio.Task[Any]) -> None:
+            state = ctx.deployments.get(lease.deployment_id)
+            if (
+                finished.cancelled()
+                and state is not None
+                and lease.lease_id in state.leases
+                and not ctx.loop.is_closed()
+            ):
+                ctx.loop.create_task(self._release(ctx, lease))
+
+        task.add_done_callback(done)
+
+    async def _admit(self, ctx: _Context, state: _Deployment, profile: _Profile, call_id: str) -> _Lease | None:
+        """Take a slot (waiting in the queue where that is allowed) or raise the refusal; ``None`` when the
+        store failed and fail_mode is open (admitted without a lease)."""
         verdict = self._decide(ctx, state, profile)
-        if not verdict.admitted and not (verdict.queueable and state.config.queue_enabled):
+        queue_on = state.config.queue_enabled
+        if not verdict.admitted and not (verdict.queueable and queue_on):
             raise self._refusal(ctx, state, verdict, profile)
+        if queue_on and len(state.queue) and ctx.tiers.is_top(profile.rank):
+            # Others of this tier are already waiting for a slot: take a place behind them, not ahead.
+            return await self._wait_in_queue(ctx, state, profile, call_id)
         outcome = await self._try_lease(ctx, state, profile, call_id, verdict)
         if isinstance(outcome, Verdict):
-            if outcome.queueable and state.config.queue_enabled:
-                await self._wait_in_queue(ctx, state, profile, call_id)
-                return
+            if outcome.queueable and queue_on:
+                return await self._wait_in_queue(ctx, state, profile, call_id)
             raise self._refusal(ctx, state, outcome, profile)
+        return outcome
 
     async def _try_lease(
         self, ctx: _Context, state: _Deployment, profile: _Profile, call_id: str, verdict: Verdict
@@ -588,7 +617,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             result = await runtime.store().lease_acquire(
                 state.deployment_id,
                 lease_id,
-                slot_cap=verdict.slots if verdict.admitted else state.limit.limit,
+                slot_cap=verdict.slots,
                 ttl_ms=int(ctx.settings.lease_ttl_seconds * 1000),
                 cost_tokens=profile.cost,
                 token_cap=verdict.token_cap,
@@ -634,7 +663,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         )
 
     # -- queue ----------------------------------------------------------------------------------------------
-    async def _wait_in_queue(self, ctx: _Context, state: _Deployment, profile: _Profile, call_id: str) -> None:
+    async def _wait_in_queue(self, ctx: _Context, state: _Deployment, profile: _Profile, call_id: str) -> _Lease | None:
         loop = asyncio.get_running_loop()
         waiter = _Waiter(profile, call_id, loop.create_future())
         max_wait = state.config.queue_max_wait_seconds
@@ -657,7 +686,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         try:
             # The dispatcher resolves the future (lease, or a refusal) or expires it at its deadline;
             # the extra second only guards against a dispatcher that died.
-            await asyncio.wait_for(asyncio.shield(waiter.future), max_wait + 1.0)
+            return await asyncio.wait_for(asyncio.shield(waiter.future), max_wait + 1.0)
         except asyncio.TimeoutError:
             state.queue.remove(entry)
             waiter.future.cancel()

@@ -353,3 +353,24 @@ async def test_a_crashed_replicas_slots_come_back_after_the_lease_ttl(harness, s
     assert outcome(await call(router, max_tokens=5)) == (429, "concurrency_limit")
     await asyncio.sleep(0.4)
     assert outcome(await call(router, max_tokens=5)) == (200, None)
+
+
+async def test_a_cancelled_request_gives_its_slot_back(harness) -> None:
+    # LiteLLM sends no success/failure event for a cancelled call (client gone, timeout): the slot must
+    # still come back, not stay leased until lease_max_age_seconds.
+    router, callback, (server,) = await harness(
+        {"limit": {"initial_limit": 1, "min_limit": 1, "max_limit": 1}}, [ServerSpec(step_seconds=0.05)]
+    )
+    task = asyncio.create_task(call(router, max_tokens=100))  # ~5 s upstream
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if server.running:
+            break
+    assert callback.snapshot()["gpu1"]["local_leases"] == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await settle(callback)
+    view = callback.snapshot()["gpu1"]
+    assert view["local_leases"] == 0 and view["inflight"] == 0
+    assert outcome(await call(router, max_tokens=5)) == (200, None)
