@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import math
 import socket
 import subprocess
 import sys
@@ -41,9 +40,9 @@ from typing import Any, Literal
 
 from aiohttp import ClientSession, ClientTimeout, web
 
-__all__ = ["InferenceServer", "InferenceServerProcess", "ServerSpec", "ServerStats"]
+from litellm_ratebalance.simulate.mock_openai import estimate_prompt_tokens
 
-_CHARS_PER_TOKEN = 4
+__all__ = ["InferenceServer", "InferenceServerProcess", "ServerSpec", "ServerStats"]
 
 
 @dataclass(frozen=True)
@@ -160,17 +159,6 @@ class _Engine:
         return True
 
 
-def _prompt_tokens(body: dict[str, Any]) -> int:
-    chars = 0
-    for message in body.get("messages") or []:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            chars += len(content)
-        elif isinstance(content, list):
-            chars += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
-    return max(1, math.ceil(chars / _CHARS_PER_TOKEN))
-
-
 class InferenceServer:
     """The simulated server in this process: ``async with InferenceServer(spec) as server: server.api_base``."""
 
@@ -226,7 +214,7 @@ class InferenceServer:
             return _error(400, "body is not JSON", "invalid_request_error")
         if body.get("stream"):
             return _error(400, "the simulated server does not stream", "invalid_request_error")
-        prompt = _prompt_tokens(body)
+        prompt = estimate_prompt_tokens(body.get("messages"))  # the same count the routing mock reports
         raw_max = body.get("max_completion_tokens") or body.get("max_tokens") or self.spec.default_max_tokens
         max_tokens = max(1, int(raw_max))
         if prompt + max_tokens > self.spec.memory_tokens:
