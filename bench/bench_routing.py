@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import os
 import random
@@ -281,8 +282,6 @@ def _free_port() -> int:
 
 
 def _proxy_config(scenario: Scenario, api_bases: dict[str, str], strategy: str, master_key: str) -> str:
-    import json
-
     model_list = _model_list(scenario, api_bases, f"proxy-{strategy}", MODEL_GROUP)
     router_settings = {
         "routing_strategy": "simple-shuffle" if strategy == "ours" else strategy,
@@ -376,7 +375,7 @@ def scenario_table(scenario: Scenario, runs: Sequence[Run]) -> list[str]:
     best_p95 = min(built_in, key=lambda r: r.summary.p95_latency)
     oracle = next((r for r in sdk if r.strategy == "oracle"), None)
     lines = [
-        f"### {scenario.name}",
+        f"#### {scenario.name}",
         "",
         scenario.description,
         "",
@@ -449,17 +448,21 @@ def plot_drift(scenario: Scenario, runs: Sequence[Run], path: Path, bin_seconds:
     )
     bins = max(1, math.ceil(scenario.workload.duration / bin_seconds))
     edges = [i * bin_seconds for i in range(bins + 1)]
-    centres = [(edges[i] + edges[i + 1]) / 2 for i in range(bins)]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, run in zip(axes.flat, shown, strict=False):
         counts = {n: [0] * bins for n in names}
         for record in run.served:
             index = min(bins - 1, max(0, int(record.arrival / bin_seconds)))
             counts.setdefault(record.deployment, [0] * bins)[index] += 1
-        totals = [sum(counts[n][i] for n in names) or 1 for i in range(bins)]
-        ax.stackplot(centres, *[[counts[n][i] / totals[i] for i in range(bins)] for n in names], labels=names)
-        for at, label in scenario.events:
-            ax.axvline(at, color="black", linestyle="--", linewidth=1)
-            ax.text(at, 1.02, label, fontsize=7, ha="center")
+        totals = [sum(counts[n][i] for n in names) for i in range(bins)]
+        bottom = [0.0] * bins
+        for k, n in enumerate(names):
+            # A bin no request arrived in stays empty rather than reading as a share of 0.
+            heights = [counts[n][i] / totals[i] if totals[i] else 0.0 for i in range(bins)]
+            ax.bar(edges[:-1], heights, width=bin_seconds, bottom=bottom, align="edge", color=colours[k], label=n)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        for at, _label in scenario.events:
+            ax.axvline(at, color="black", linestyle="--", linewidth=1.2)
         ax.set_title(run.strategy, fontsize=9)
         ax.set_ylim(0, 1)
         ax.set_xlim(0, scenario.workload.duration)
@@ -481,7 +484,11 @@ def plot_drift(scenario: Scenario, runs: Sequence[Run], path: Path, bin_seconds:
         ncol=len(names),
         fontsize=8,
     )
-    fig.suptitle(f"{scenario.name}: share of requests per deployment over time ({bin_seconds:.1f} s bins)", fontsize=10)
+    events = "; ".join(f"{label} at t={at:.1f} s" for at, label in scenario.events)
+    fig.suptitle(
+        f"{scenario.name}: share of requests per deployment over time ({bin_seconds:.2f} s bins; dashed: {events})",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0.06, 1, 0.97))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -489,44 +496,132 @@ def plot_drift(scenario: Scenario, runs: Sequence[Run], path: Path, bin_seconds:
 
 
 # -- main -------------------------------------------------------------------------------------------------
-async def main_async(args: argparse.Namespace) -> int:
-    duration = args.duration or (2.0 if args.quick else 9.0)
-    scenarios = [build_scenario(name, duration=duration, seed=args.seed) for name in args.scenarios]
+async def run_seed(
+    args: argparse.Namespace, seed: int, duration: float, run_no: int, workdir: Path, with_proxy: bool
+) -> dict[str, list[Run]]:
+    """Every scenario and strategy for one seed (plus the proxy runs when ``with_proxy``)."""
     strategies = [s for s in STRATEGIES if s in args.strategies]
     runs_by: dict[str, list[Run]] = {}
+    for name in args.scenarios:
+        scenario = build_scenario(name, duration=duration, seed=seed)
+        print(f"\n== seed {seed}, {scenario.name}: {scenario.description}; {len(scenario.plan())} requests", flush=True)
+        runs, cluster = await run_scenario(scenario, strategies, run_no, parallel=args.quick, trace=args.trace)
+        run_no += len(strategies)
+        runs_by[scenario.name] = runs
+        try:
+            if with_proxy and scenario.name == PROXY_SCENARIO:
+                built_in = [r for r in runs if r.strategy in BUILT_INS]
+                proxy_strategies = ["ours"]
+                if built_in and not args.quick:
+                    proxy_strategies.insert(0, max(built_in, key=lambda r: r.summary.mean_rate).strategy)
+                for strategy in proxy_strategies:
+                    runs.append(await run_proxy(cluster, scenario, strategy, workdir))
+                    _print_run(runs[-1])
+        finally:
+            await cluster.stop()
+    return runs_by
+
+
+def across_seeds(names: Sequence[str], by_seed: dict[int, dict[str, list[Run]]]) -> list[str]:
+    """Per scenario and strategy: mean effective rate and p95 latency averaged over the seeds (min-max)."""
+    lines: list[str] = []
+    for name in names:
+        strategies: dict[str, list[Summary]] = {}
+        for runs_by in by_seed.values():
+            for run in runs_by.get(name, []):
+                if not run.strategy.startswith("proxy"):
+                    strategies.setdefault(run.strategy, []).append(run.summary)
+        lines += [
+            f"#### {name}",
+            "",
+            "| strategy | mean eff rate, avg (min-max) | p95 lat s, avg (min-max) | errors, avg |",
+            "|---|---:|---:|---:|",
+        ]
+        for strategy, summaries in strategies.items():
+            means = [s.mean_rate for s in summaries]
+            p95s = [s.p95_latency for s in summaries]
+            errors = sum(s.errors for s in summaries) / len(summaries)
+            lines.append(
+                f"| {strategy} | {sum(means) / len(means):.1f} ({min(means):.1f}-{max(means):.1f}) "
+                f"| {sum(p95s) / len(p95s):.2f} ({min(p95s):.2f}-{max(p95s):.2f}) | {errors:.1f} |"
+            )
+        lines.append("")
+    return lines
+
+
+def targets_across_seeds(names: Sequence[str], by_seed: dict[int, dict[str, list[Run]]]) -> list[str]:
+    """The targets on seed-averaged figures, and in how many seeds each held."""
+    lines = [
+        "| scenario | ours / best built-in mean (> 1) | seeds met | ours / best built-in p95 (< 1) | seeds met "
+        "| ours / oracle mean | seeds met |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        per_seed: list[tuple[float, float, float]] = []
+        averages: dict[str, list[Summary]] = {}
+        for runs_by in by_seed.values():
+            runs = {r.strategy: r.summary for r in runs_by.get(name, []) if not r.strategy.startswith("proxy")}
+            built_in = [runs[b] for b in BUILT_INS if b in runs]
+            if "ours" not in runs or not built_in:
+                continue
+            oracle = runs.get("oracle")
+            per_seed.append(
+                (
+                    runs["ours"].mean_rate / max(s.mean_rate for s in built_in),
+                    runs["ours"].p95_latency / min(s.p95_latency for s in built_in),
+                    runs["ours"].mean_rate / oracle.mean_rate if oracle else math.nan,
+                )
+            )
+            for strategy, summary in runs.items():
+                averages.setdefault(strategy, []).append(summary)
+        if not per_seed:
+            continue
+
+        def avg(strategy: str, field: str, averages: dict[str, list[Summary]] = averages) -> float:
+            values = [getattr(s, field) for s in averages.get(strategy, [])]
+            return sum(values) / len(values) if values else math.nan
+
+        best_mean = max(avg(b, "mean_rate") for b in BUILT_INS if b in averages)
+        best_p95 = min(avg(b, "p95_latency") for b in BUILT_INS if b in averages)
+        n = len(per_seed)
+        oracle_needed = name in ("stable-heterogeneous", "drift")
+        oracle_ratio = avg("ours", "mean_rate") / avg("oracle", "mean_rate")
+        lines.append(
+            f"| {name} | {avg('ours', 'mean_rate') / best_mean:.2f} | {sum(r[0] > 1 for r in per_seed)}/{n} "
+            f"| {avg('ours', 'p95_latency') / best_p95:.2f} | {sum(r[1] < 1 for r in per_seed)}/{n} "
+            f"| {oracle_ratio:.2f} | "
+            + (f"{sum(r[2] >= 0.85 for r in per_seed)}/{n} (target >= 0.85)" if oracle_needed else "no target")
+            + " |"
+        )
+    return lines
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    duration = args.duration or (2.0 if args.quick else 9.0)
+    seeds: list[int] = args.seeds
+    by_seed: dict[int, dict[str, list[Run]]] = {}
     bench_started = time.perf_counter()
-    run_no = 1
     with tempfile.TemporaryDirectory(prefix="bench-routing-") as tmp:
-        for scenario in scenarios:
-            print(f"\n== {scenario.name}: {scenario.description}; {len(scenario.plan())} requests", flush=True)
-            runs, cluster = await run_scenario(scenario, strategies, run_no, parallel=args.quick, trace=args.trace)
-            run_no += len(strategies)
-            runs_by[scenario.name] = runs
-            try:
-                if args.proxy and scenario.name == PROXY_SCENARIO:
-                    built_in = [r for r in runs if r.strategy in BUILT_INS]
-                    proxy_strategies = ["ours"]
-                    if built_in and not args.quick:
-                        proxy_strategies.insert(0, max(built_in, key=lambda r: r.summary.mean_rate).strategy)
-                    for strategy in proxy_strategies:
-                        runs.append(await run_proxy(cluster, scenario, strategy, Path(tmp)))
-                        _print_run(runs[-1])
-            finally:
-                await cluster.stop()
+        for i, seed in enumerate(seeds):
+            # The proxy runs go with the first seed only (they add two proxy start-ups).
+            by_seed[seed] = await run_seed(args, seed, duration, 1 + 100 * i, Path(tmp), args.proxy and i == 0)
     elapsed = time.perf_counter() - bench_started
     command = "python bench/bench_routing.py " + " ".join(args.argv)
     lines = [
         "## Routing benchmark",
         "",
-        f"Command: `{command.strip()}` (total {elapsed:.0f} s). LiteLLM {_litellm_version()}, seed {args.seed}, "
-        f"{duration:g} s of Poisson arrivals per run, input-to-output ratio {RATIO:g}.",
+        f"Command: `{command.strip()}` (total {elapsed:.0f} s). LiteLLM {_litellm_version()}, "
+        f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, {duration:g} s of Poisson arrivals "
+        f"per run, input-to-output ratio {RATIO:g}.",
         "",
         "Every run: a fresh `litellm.Router` (num_retries 0, SDK max_retries 0, default cooldowns), the same "
-        "request plan and deployment timeline. Mean / p5 effective rate over all requests (a failure counts 0); "
-        "latency over successful requests; goodput = successful output tokens / run time; share = requests each "
-        "deployment received (mock log). `ours` = `RateBalancedRouting` with "
+        "request plan and deployment timeline for every strategy. Mean / p5 effective rate over all requests "
+        "(a failure counts 0); latency over successful requests; goodput = successful output tokens / run time; "
+        "share = requests each deployment received (mock log). `ours` = `RateBalancedRouting` with "
         + ", ".join(f"{k}={v}" for k, v in OURS_SETTINGS.items())
-        + " (time settings scaled to the compressed simulation), the rest default."
+        + " (time settings scaled to the compressed simulation), the rest default. "
+        f"`proxy: ...` rows (seed {seeds[0]}): the real `litellm` proxy process over HTTP; `proxy: ours` = "
+        "`routing_strategy: simple-shuffle` plus `callbacks: [litellm_ratebalance.rate_balancer]`."
         + (
             " Quick smoke run: the strategies of a scenario ran side by side (one mock cluster each), so the "
             "figures are few and noisy."
@@ -535,20 +630,27 @@ async def main_async(args: argparse.Namespace) -> int:
         ),
         "",
     ]
-    for scenario in scenarios:
-        if any(r.strategy in BUILT_INS for r in runs_by[scenario.name]):
-            lines += [*scenario_table(scenario, runs_by[scenario.name]), ""]
-        else:
-            lines += [f"### {scenario.name}", "(no built-in strategy ran)", ""]
-    lines += ["### Targets", "", *target_lines(scenarios, runs_by), ""]
+    if len(seeds) > 1:
+        lines += ["### Across seeds", "", *targets_across_seeds(args.scenarios, by_seed), ""]
+        lines += across_seeds(args.scenarios, by_seed)
+    for seed, runs_by in by_seed.items():
+        scenarios = [build_scenario(name, duration=duration, seed=seed) for name in args.scenarios]
+        lines += [f"### Seed {seed}", ""]
+        for scenario in scenarios:
+            if any(r.strategy in BUILT_INS for r in runs_by[scenario.name]):
+                lines += [*scenario_table(scenario, runs_by[scenario.name]), ""]
+            else:
+                lines += [f"#### {scenario.name}", "(no built-in strategy ran)", ""]
+        lines += [f"#### Targets, seed {seed}", "", *target_lines(scenarios, runs_by), ""]
     report = "\n".join(lines)
     print("\n" + report)
     if args.write:
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
         (RESULTS_DIR / "routing.md").write_text(report + "\n")
-        drift = next((s for s in scenarios if s.name == "drift"), None)
-        if drift is not None:
-            plot_drift(drift, runs_by["drift"], RESULTS_DIR / "routing_drift_share.png", bin_seconds=duration / 12)
+        first = by_seed[seeds[0]]
+        if "drift" in first:
+            drift = build_scenario("drift", duration=duration, seed=seeds[0])
+            plot_drift(drift, first["drift"], RESULTS_DIR / "routing_drift_share.png", bin_seconds=duration / 12)
         print(f"wrote {RESULTS_DIR / 'routing.md'} and the drift share plot")
     return 0
 
@@ -567,14 +669,29 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="smoke run (~1 minute): 2 s per run, the strategies of a scenario side by side, proxy: ours only",
     )
     parser.add_argument("--duration", type=float, default=None, help="seconds of arrivals per run")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="one full pass per seed (default 1)")
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
     parser.add_argument("--no-proxy", dest="proxy", action="store_false", help="skip the run through the proxy")
+    parser.add_argument(
+        "--ours",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one of ours' routing settings (JSON value), e.g. --ours adaptive_window=true",
+    )
     parser.add_argument("--trace", action="store_true", help="print our balancer's estimates during its runs")
     parser.add_argument("--write", action="store_true", help="write bench/results/routing.md and the PNG")
     args = parser.parse_args(argv)
     args.argv = list(argv)
+    for item in args.ours:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--ours takes KEY=VALUE (got {item!r})")
+        try:
+            OURS_SETTINGS[key] = json.loads(value)
+        except json.JSONDecodeError:
+            OURS_SETTINGS[key] = value
     return args
 
 
