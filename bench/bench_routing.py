@@ -610,7 +610,7 @@ async def main_async(args: argparse.Namespace) -> int:
     lines = [
         "## Routing benchmark",
         "",
-        f"Command: `{command.strip()}` (total {elapsed:.0f} s). LiteLLM {_litellm_version()}, "
+        f"Command: `{command.strip()}` (total {elapsed:.0f} s) on {_code_version()}. LiteLLM {_litellm_version()}, "
         f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, {duration:g} s of Poisson arrivals "
         f"per run, input-to-output ratio {RATIO:g}.",
         "",
@@ -653,6 +653,32 @@ async def main_async(args: argparse.Namespace) -> int:
             plot_drift(drift, first["drift"], RESULTS_DIR / "routing_drift_share.png", bin_seconds=duration / 12)
         print(f"wrote {RESULTS_DIR / 'routing.md'} and the drift share plot")
     return 0
+
+
+def _code_version() -> str:
+    """The commit the bench ran on, and whether the routing code differed from it (a dirty tree)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--",
+                "litellm_ratebalance/routing",
+                "litellm_ratebalance/proxy/routing.py",
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+    return f"commit {commit}" + (" (routing code modified since)" if dirty else "")
 
 
 def _litellm_version() -> str:
