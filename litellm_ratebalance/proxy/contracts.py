@@ -56,7 +56,7 @@ from litellm_ratebalance.contracts.policy import (
 from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime
-from litellm_ratebalance.proxy.tokens import actual_tokens, estimate_tokens
+from litellm_ratebalance.proxy.tokens import actual_tokens, estimate_tokens, usage_of
 from litellm_ratebalance.settings import Settings
 
 __all__ = [
@@ -245,7 +245,7 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
             ticket = self._tickets.pop(str(entry.get("id")), None)
             if ticket is None:
                 return
-            used = actual_tokens(_usage_of(kwargs, response_obj), "total")
+            used = actual_tokens(usage_of(kwargs, response_obj), "total")
             # No usage reported (some streams): the estimate stands as the request's usage.
             self._spawn(self._settle(ticket, ticket.held_tokens, ticket.held_tokens if used is None else used))
         except Exception:
@@ -508,20 +508,6 @@ def _cap_output(data: dict[str, Any], cap: int, call_type: str) -> bool:
     for name in present:
         data[name] = capped_max_tokens(data.get(name), cap)
     return True
-
-
-def _usage_of(kwargs: Mapping[str, Any], response_obj: Any) -> Mapping[str, Any]:
-    slo = kwargs.get("standard_logging_object")
-    if isinstance(slo, Mapping) and slo.get("total_tokens") is not None:
-        return {name: slo.get(name) for name in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    usage = getattr(response_obj, "usage", None)
-    if usage is None and isinstance(response_obj, Mapping):
-        usage = response_obj.get("usage")
-    if usage is None:
-        return {}
-    if isinstance(usage, Mapping):
-        return usage
-    return {name: getattr(usage, name, None) for name in ("prompt_tokens", "completion_tokens", "total_tokens")}
 
 
 traffic_contracts = TrafficContractsCallback()

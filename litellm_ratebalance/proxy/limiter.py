@@ -45,7 +45,7 @@ from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.capacity import Capacity, CapacityCache
 from litellm_ratebalance.proxy.identity import resolve_priority
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
-from litellm_ratebalance.proxy.tokens import actual_tokens, estimate_tokens
+from litellm_ratebalance.proxy.tokens import actual_tokens, estimate_tokens, usage_of
 from litellm_ratebalance.settings import Settings
 from litellm_ratebalance.store.keys import escape_name
 
@@ -252,7 +252,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         if ticket is None:
             return
         derived = self._config()
-        used = actual_tokens(_usage_of(kwargs, response_obj), derived.settings.effective_token_type)
+        used = actual_tokens(usage_of(kwargs, response_obj), derived.settings.effective_token_type)
         if used is None:
             return  # no usage reported (e.g. some streams): the reservation stands as the estimate
         await self._settle(ticket, used - ticket.held_tokens, 0)
@@ -347,24 +347,6 @@ def _ticket_entry(container: Mapping[str, Any] | None) -> dict[str, Any] | None:
             if isinstance(entry, dict):
                 return entry
     return None
-
-
-def _usage_of(kwargs: Mapping[str, Any], response_obj: Any) -> Mapping[str, Any]:
-    slo = kwargs.get("standard_logging_object")
-    if isinstance(slo, Mapping) and slo.get("total_tokens") is not None:
-        return {
-            "prompt_tokens": slo.get("prompt_tokens"),
-            "completion_tokens": slo.get("completion_tokens"),
-            "total_tokens": slo.get("total_tokens"),
-        }
-    usage = getattr(response_obj, "usage", None)
-    if usage is None and isinstance(response_obj, Mapping):
-        usage = response_obj.get("usage")
-    if usage is None:
-        return {}
-    if isinstance(usage, Mapping):
-        return usage
-    return {name: getattr(usage, name, None) for name in ("prompt_tokens", "completion_tokens", "total_tokens")}
 
 
 rate_limiter = PriorityRateLimiter()

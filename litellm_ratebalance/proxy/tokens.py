@@ -95,3 +95,22 @@ def actual_tokens(usage: Mapping[str, Any], token_type: TokenType) -> int | None
     if isinstance(prompt, int | float) or isinstance(completion, int | float):
         return int(prompt or 0) + int(completion or 0)
     return None
+
+
+_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def usage_of(kwargs: Mapping[str, Any], response_obj: Any) -> Mapping[str, Any]:
+    """The usage of a finished call from LiteLLM's logging kwargs (standard_logging_object first), else from
+    the response object; empty when neither carries any."""
+    slo = kwargs.get("standard_logging_object")
+    if isinstance(slo, Mapping) and slo.get("total_tokens") is not None:
+        return {name: slo.get(name) for name in _USAGE_FIELDS}
+    usage = getattr(response_obj, "usage", None)
+    if usage is None and isinstance(response_obj, Mapping):
+        usage = response_obj.get("usage")
+    if usage is None:
+        return {}
+    if isinstance(usage, Mapping):
+        return usage
+    return {name: getattr(usage, name, None) for name in _USAGE_FIELDS}
