@@ -1,20 +1,30 @@
 """``litellm-ratebalance``: command-line tools for operators.
 
 ``check-config CONFIG``  validate our settings in a LiteLLM config.yaml (exit 0, or 78 with key paths)
+``status --config CONFIG [--redis-url URL] [--json] [--model GROUP]...``  what the shared store holds now
+
+``status`` exit codes: 0 shown; 1 the store could not be read (Redis unreachable, timeout); 2 bad usage
+(e.g. an unknown ``--model``); 3 nothing to read (the config names no Redis: the proxy then keeps its
+state in process, out of reach of this command); 78 invalid config.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
 
-from litellm_ratebalance.errors import ConfigurationError
+from litellm_ratebalance.errors import ConfigurationError, StoreError
 
 __all__ = ["main"]
 
 EXIT_CONFIG = 78
+EXIT_STORE = 1
+EXIT_USAGE = 2
+EXIT_NO_STORE = 3
 
 
 def load_config_settings(path: Path) -> dict[str, Any]:
@@ -46,14 +56,94 @@ def check_config(path: Path) -> int:
     return 0
 
 
+def _scrub(text: str, secret: str | None) -> str:
+    """Never echo a password, even inside a driver's error message."""
+    return text.replace(secret, "***") if secret else text
+
+
+async def _status(args: argparse.Namespace) -> int:
+    from urllib.parse import urlsplit
+
+    import redis.asyncio as aioredis
+
+    from litellm_ratebalance import status
+    from litellm_ratebalance.store import KeySpace, RedisStore
+
+    try:
+        config = status.load_proxy_config(args.config)
+        url, source = status.resolve_redis(config, args.redis_url)
+    except ConfigurationError as exc:
+        print(f"{args.config}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if url is None:
+        print(
+            f"{args.config}: nothing to show: {source}, so the proxy keeps its counters in its own process "
+            "(the embedded store), which this command cannot read. Pass --redis-url, or configure a Redis.",
+            file=sys.stderr,
+        )
+        return EXIT_NO_STORE
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    masked = status.mask_url(url)
+    try:
+        client = aioredis.Redis.from_url(url, socket_connect_timeout=args.timeout, socket_timeout=args.timeout)
+    except ValueError as exc:
+        print(f"invalid Redis URL {masked} ({source}): {_scrub(str(exc), password)}", file=sys.stderr)
+        return EXIT_USAGE
+    store = RedisStore(
+        client,
+        KeySpace(config.settings.ratebalance.key_prefix),
+        owns_client=True,
+        timeout_seconds=args.timeout,
+        cooldown_seconds=0.0,
+    )
+    try:
+        deployments = status.config_deployments(config)
+        known = sorted({d.model_group for d in deployments})
+        if args.model:
+            unknown = [m for m in args.model if m not in known]
+            if unknown:
+                print(f"unknown model group(s) {unknown}; the config has {known}", file=sys.stderr)
+                return EXIT_USAGE
+        report = await asyncio.wait_for(
+            status.collect(store, config, url=url, source=source, model_groups=args.model or None),
+            timeout=args.timeout * 10,
+        )
+    except ConfigurationError as exc:
+        print(f"{args.config}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (StoreError, OSError, asyncio.TimeoutError) as exc:
+        detail = _scrub(f"{exc}" or type(exc).__name__, password)
+        cause = exc.__cause__
+        if cause is not None:
+            detail += _scrub(f" ({type(cause).__name__}: {cause})", password)
+        print(f"cannot read the store at {masked} ({source}): {detail}", file=sys.stderr)
+        return EXIT_STORE
+    finally:
+        with contextlib.suppress(Exception):  # closing a connection that never opened
+            await store.aclose()
+    sys.stdout.write(status.dumps(report) if args.json else status.format_table(report))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="litellm-ratebalance", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check-config", help="validate our settings in a LiteLLM config.yaml")
     check.add_argument("config", type=Path)
+    show = commands.add_parser("status", help="show admission, routing, concurrency and contract state from Redis")
+    show.add_argument("--config", type=Path, required=True, help="the proxy's config.yaml")
+    show.add_argument("--redis-url", help="Redis to read (default: the one the config names, as the proxy finds it)")
+    show.add_argument("--json", action="store_true", help="JSON output (schema: litellm_ratebalance.status)")
+    show.add_argument("--model", action="append", metavar="GROUP", help="only this model group (repeatable)")
+    show.add_argument("--timeout", type=float, default=3.0, help="seconds per Redis operation (default 3)")
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return check_config(args.config)
+    if args.command == "status":
+        return asyncio.run(_status(args))
     parser.error(f"unknown command {args.command}")
     return 2
 
