@@ -12,7 +12,9 @@ and are LiteLLM / FastAPI exceptions, not these.
 
 from __future__ import annotations
 
-__all__ = ["ConfigurationError", "RateBalanceError", "StoreError"]
+import re
+
+__all__ = ["ConfigurationError", "RateBalanceError", "StoreError", "redact", "redact_url"]
 
 
 class RateBalanceError(Exception):
@@ -25,3 +27,25 @@ class ConfigurationError(RateBalanceError, ValueError):
 
 class StoreError(RateBalanceError):
     """The shared store could not complete an operation (connection lost, timeout, script error)."""
+
+
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/@\s'\"]*)@")
+_SECRET_PAIRS = re.compile(
+    r"(?i)(?P<name>password|passwd|pwd|auth|token|secret)(?P<sep>['\"]?\s*[=:]\s*['\"]?)(?P<value>[^\s&'\",}]+)"
+)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its user info (user name and password) replaced by ``***``: safe to log.
+
+    ``redis://:s3cret@host:6379/2`` -> ``redis://***@host:6379/2``. A URL without credentials is returned
+    unchanged.
+    """
+    return _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}***@", url)
+
+
+def redact(text: str) -> str:
+    """``text`` with credentials masked: URL user info (see :func:`redact_url`) and ``password=...`` style
+    pairs (``password``, ``auth``, ``token``, ``secret``). Every message of ours that may include a URL or a
+    client error passes through this before it is logged or raised."""
+    return _SECRET_PAIRS.sub(lambda m: f"{m['name']}{m['sep']}***", redact_url(text))

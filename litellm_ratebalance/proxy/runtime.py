@@ -109,15 +109,19 @@ class Runtime:
                 owns_client=True,
                 timeout_seconds=settings.ratebalance.store_timeout_seconds,
                 cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
+                max_connections=settings.ratebalance.redis_max_connections,
             )
         cache = _litellm.discover_redis_cache()
         if cache is not None:
             logger.info("litellm_ratebalance: using the proxy's Redis")
+            # LiteLLM's own client keeps the auth, TLS, database and cluster settings of its Redis config;
+            # the store's gate never lets more calls in flight than that client's pool (per node) allows.
             return RedisStore(
                 cache.init_async_client,
                 keys,
                 timeout_seconds=settings.ratebalance.store_timeout_seconds,
                 cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
+                max_connections=settings.ratebalance.redis_max_connections,
             )
         logger.info("litellm_ratebalance: no Redis configured; using the embedded store (limits per process)")
         return MemoryStore(keys)

@@ -4,22 +4,46 @@ Each ``lua/<name>.lua`` file is one atomic operation and opens with a comment st
 (with units), return value and clock (always Redis ``TIME``). Scripts are registered with redis-py's
 ``register_script``, whose ``AsyncScript`` sends EVALSHA and reloads the script on NOSCRIPT (after a
 ``SCRIPT FLUSH`` or a Redis restart); we never hand-roll EVALSHA.
+
+Around each call the runner adds what a shared Redis under bursts and restarts needs:
+
+* a gate (an ``asyncio.Semaphore`` per event loop) sized to the connection pool, so a burst waits for a
+  free connection instead of failing with ``MaxConnectionsError`` (the async ``RedisCluster`` and a plain
+  ``ConnectionPool`` do not wait by themselves); the wait counts toward the call's timeout;
+* a cluster client is initialised (slot map read) once, under a lock, before the first script and again
+  when redis-py marks it for re-discovery after a connection error: a burst of commands on a client that
+  initialises itself concurrently can run some of them twice;
+* on a connection error the pool's idle connections are dropped and the busy ones marked for reconnect,
+  so after a Redis restart the stale connections fail once together, not one by one (each one re-opening
+  the circuit breaker);
+* every failure, including an unexpected exception from the client, becomes :class:`StoreError` (whose
+  message never carries credentials), so callers apply their fail mode instead of crashing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from litellm_ratebalance.errors import StoreError
+from litellm_ratebalance.errors import StoreError, redact
 
-__all__ = ["ScriptRunner", "load_lua"]
+__all__ = ["DEFAULT_MAX_IN_FLIGHT", "ScriptRunner", "load_lua"]
+
+DEFAULT_MAX_IN_FLIGHT = 500
+"""Concurrent store calls per process and event loop when nothing smaller is known (the default of
+``ratebalance.redis_max_connections``)."""
+
+try:
+    from redis.exceptions import MaxConnectionsError as _POOL_EXHAUSTED
+except ImportError:  # redis-py before 6
+    _POOL_EXHAUSTED = ()  # type: ignore[assignment,misc]
 
 
 @cache
@@ -28,27 +52,63 @@ def load_lua(name: str) -> str:
     return resources.files("litellm_ratebalance.store").joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
+class _GateTimeout(Exception):
+    """No free connection slot within the call's timeout (the process is busy; Redis is not down)."""
+
+
+@dataclass(slots=True)
+class _LoopState:
+    """Per event loop: asyncio primitives bind to the loop that first waits on them."""
+
+    loop: asyncio.AbstractEventLoop
+    gate: asyncio.Semaphore
+    limit: int
+    init_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
 class ScriptRunner:
     """Runs packaged scripts on one ``redis.asyncio`` client (plain or cluster).
 
-    Redis failures become :class:`StoreError` with the redis-py error as ``__cause__``; the message never
-    contains the connection URL (it may hold a password).
+    Redis failures become :class:`StoreError` with the original error as ``__cause__``; the message never
+    contains credentials (see :func:`litellm_ratebalance.errors.redact`).
     """
 
-    __slots__ = ("_broken_until", "_client", "_cooldown", "_scripts", "_timeout")
+    __slots__ = (
+        "_broken_until",
+        "_client",
+        "_cooldown",
+        "_initialized",
+        "_max_in_flight",
+        "_scripts",
+        "_state",
+        "_timeout",
+    )
 
     def __init__(
-        self, client: Any | Callable[[], Any], *, timeout_seconds: float = 0.5, cooldown_seconds: float = 1.0
+        self,
+        client: Any | Callable[[], Any],
+        *,
+        timeout_seconds: float = 0.5,
+        cooldown_seconds: float = 1.0,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
-        """``timeout_seconds`` bounds one script call (connect, retries and reply included);
-        ``cooldown_seconds``: after a failure, calls fail at once for that long instead of each waiting for
-        Redis again (a circuit breaker: a down Redis must not add its timeout to every request)."""
+        """``timeout_seconds`` bounds one script call (waiting for a connection slot, connect, retries and
+        reply included); ``cooldown_seconds``: after a failure, calls fail at once for that long instead of
+        each waiting for Redis again (a circuit breaker: a down Redis must not add its timeout to every
+        request); ``max_in_flight``: at most this many calls at once per event loop, and never more than the
+        client's pool allows (per node for a cluster)."""
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         # A callable is asked for the client at each call: LiteLLM may replace its cached client.
         self._client = client
         self._scripts: dict[str, Any] = {}
         self._timeout = timeout_seconds
         self._cooldown = cooldown_seconds
         self._broken_until = 0.0
+        self._max_in_flight = max_in_flight
+        self._state: _LoopState | None = None
+        self._initialized: Any = None
+        """The cluster client last initialised here (a replaced client is initialised again)."""
 
     @property
     def client(self) -> Any:
@@ -59,31 +119,117 @@ class ScriptRunner:
 
     async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run script ``name`` atomically with ``keys`` and ``args``; return its raw reply."""
-        if self._broken_until and time.monotonic() < self._broken_until:
-            raise StoreError(f"redis script {name!r} skipped: Redis failed less than {self._cooldown:g}s ago")
-        client = self.client
+        return await self.call(
+            f"redis script {name!r}", lambda client: self._script(client, name)(keys=keys, args=args, client=client)
+        )
+
+    async def call(self, what: str, operation: Callable[[Any], Awaitable[Any]], *, probe: bool = False) -> Any:
+        """Run ``operation(client)`` with the gate, cluster initialisation, timeout, breaker and error
+        mapping of :meth:`run` (for a plain command such as ``HGETALL``); ``what`` names it in errors.
+        A ``probe`` (a health check) is sent even while the breaker is open; its success closes it."""
+        if not probe and self._broken_until and time.monotonic() < self._broken_until:
+            raise StoreError(f"{what} skipped: Redis failed less than {self._cooldown:g}s ago")
+        client: Any = None
+        try:
+            client = self.client
+            reply = await self._gated(client, operation)
+        except _GateTimeout:
+            # Every connection slot stayed busy for the whole timeout: this process is overloaded, Redis is
+            # not down, so fail this call only (no breaker).
+            raise StoreError(f"{what} failed: no free Redis connection within {self._timeout:g}s") from None
+        except Exception as exc:
+            if not isinstance(exc, _POOL_EXHAUSTED):
+                # A busy client (its pool exhausted) is not a down Redis: only other faults open the breaker.
+                self._broken_until = time.monotonic() + self._cooldown
+            if client is not None and isinstance(exc, (RedisConnectionError, OSError)):
+                await _drop_stale_connections(client)
+            raise StoreError(f"{what} failed: {type(exc).__name__}: {_safe(exc)}") from exc
+        self._broken_until = 0.0
+        return reply
+
+    def _script(self, client: Any, name: str) -> Any:
         script = self._scripts.get(name)
         if script is None:
             script = client.register_script(load_lua(name))
             self._scripts[name] = script
+        return script
+
+    async def _gated(self, client: Any, operation: Callable[[Any], Awaitable[Any]]) -> Any:
+        state = self._loop_state(client)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
         try:
-            reply = await asyncio.wait_for(script(keys=keys, args=args, client=client), self._timeout)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            # A busy client (its pool exhausted by a burst) is not a down Redis: fail this call only.
-            if not isinstance(exc, _POOL_EXHAUSTED):
-                self._broken_until = time.monotonic() + self._cooldown
-            # The message never includes the connection URL (it may hold a password).
-            raise StoreError(f"redis script {name!r} failed: {type(exc).__name__}: {_safe(exc)}") from exc
-        self._broken_until = 0.0
-        return reply
+            await asyncio.wait_for(state.gate.acquire(), self._timeout)
+        except asyncio.TimeoutError:
+            raise _GateTimeout from None
+        try:
+            return await asyncio.wait_for(self._ready_then(state, client, operation), max(deadline - loop.time(), 1e-3))
+        finally:
+            state.gate.release()
+
+    async def _ready_then(self, state: _LoopState, client: Any, operation: Callable[[Any], Awaitable[Any]]) -> Any:
+        if _is_cluster(client) and (client is not self._initialized or getattr(client, "_initialize", False)):
+            await self._initialize(state, client)
+        return await operation(client)
+
+    async def _initialize(self, state: _LoopState, client: Any) -> None:
+        # One initialisation at a time; the calls that queued behind it find the client ready. redis-py sets
+        # ``_initialize`` again after a connection error, so re-discovery also happens here, once.
+        async with state.init_lock:
+            if client is not self._initialized or getattr(client, "_initialize", False):
+                await client.initialize()
+                self._initialized = client
+
+    def _loop_state(self, client: Any) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._state
+        if state is None or state.loop is not loop:
+            limit = min(self._max_in_flight, _pool_limit(client) or self._max_in_flight)
+            state = _LoopState(loop=loop, gate=asyncio.Semaphore(limit), limit=limit)
+            self._state = state
+        return state
+
+    @property
+    def max_in_flight(self) -> int | None:
+        """The gate's size on the current loop (``None`` before the first call)."""
+        return None if self._state is None else self._state.limit
 
 
-try:
-    from redis.exceptions import MaxConnectionsError as _POOL_EXHAUSTED
-except ImportError:  # redis-py before 6
-    _POOL_EXHAUSTED = ()  # type: ignore[assignment,misc]
+def _is_cluster(client: Any) -> bool:
+    try:
+        from redis.asyncio.cluster import RedisCluster
+    except ImportError:  # pragma: no cover - every redis-py we support has it
+        return False
+    return isinstance(client, RedisCluster)
+
+
+def _pool_limit(client: Any) -> int | None:
+    """Connections the client can open at once: its pool's size, or per node for a cluster client."""
+    if _is_cluster(client):
+        # Per node; before initialisation only the startup nodes are known, which carry the same setting.
+        nodes_manager = getattr(client, "nodes_manager", None)
+        kwargs = getattr(nodes_manager, "connection_kwargs", None)
+        limit = kwargs.get("max_connections") if isinstance(kwargs, dict) else None
+        return limit if isinstance(limit, int) and limit > 0 else None
+    pool = getattr(client, "connection_pool", None)
+    limit = getattr(pool, "max_connections", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
+async def _drop_stale_connections(client: Any) -> None:
+    """After a connection error: close the pool's idle connections (after a Redis restart they are all
+    stale) and mark the busy ones to reconnect when released. The cluster client does this itself."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None or _is_cluster(client):
+        return
+    try:
+        mark = getattr(pool, "update_active_connections_for_reconnect", None)
+        if mark is not None:
+            await mark()
+        await pool.disconnect(inuse_connections=False)
+    except Exception:  # best effort: the next call reconnects anyway
+        return
 
 
 def _safe(exc: BaseException) -> str:
-    text = str(exc)
-    return "" if "://" in text or "@" in text else text
+    return redact(str(exc))

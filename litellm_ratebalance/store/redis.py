@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from litellm_ratebalance.errors import StoreError
-from litellm_ratebalance.store._scripts import ScriptRunner
+from litellm_ratebalance.store._scripts import DEFAULT_MAX_IN_FLIGHT, ScriptRunner
 from litellm_ratebalance.store.admission import RedisAdmissionStore
 from litellm_ratebalance.store.concurrency import RedisConcurrencyStore
 from litellm_ratebalance.store.contracts import RedisContractStore
@@ -20,7 +17,11 @@ __all__ = ["RedisStore"]
 class RedisStore(RedisAdmissionStore, RedisRoutingStore, RedisContractStore, RedisConcurrencyStore):
     """The store over a ``redis.asyncio`` client (``Redis`` or ``RedisCluster``).
 
-    ``owns_client``: close the client in :meth:`aclose` (True when we created it from a URL).
+    ``client`` is the client or a callable returning the current one (LiteLLM may replace its cached
+    client). ``owns_client``: close the client in :meth:`aclose` (True when we created it from a URL).
+    ``timeout_seconds`` bounds each operation (waiting for a connection included), ``cooldown_seconds`` is
+    the circuit breaker's pause after a fault, and ``max_connections`` caps the operations in flight at once
+    (further ones wait for a slot; the client's own pool size caps it too, per node for a cluster).
     """
 
     backend = "redis"
@@ -33,10 +34,13 @@ class RedisStore(RedisAdmissionStore, RedisRoutingStore, RedisContractStore, Red
         owns_client: bool = False,
         timeout_seconds: float = 0.5,
         cooldown_seconds: float = 1.0,
+        max_connections: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         self.keys = keys or KeySpace()
         self._keys = self.keys
-        self._runner = ScriptRunner(client, timeout_seconds=timeout_seconds, cooldown_seconds=cooldown_seconds)
+        self._runner = ScriptRunner(
+            client, timeout_seconds=timeout_seconds, cooldown_seconds=cooldown_seconds, max_in_flight=max_connections
+        )
         self._owns_client = owns_client
 
     @property
@@ -44,10 +48,8 @@ class RedisStore(RedisAdmissionStore, RedisRoutingStore, RedisContractStore, Red
         return self._runner.client
 
     async def ping(self) -> None:
-        try:
-            await self._runner.client.ping()
-        except (RedisError, OSError) as exc:
-            raise StoreError(f"redis ping failed: {type(exc).__name__}") from exc
+        """Raise StoreError unless Redis answers (sent even while the circuit breaker is open)."""
+        await self._runner.call("redis ping", lambda client: client.ping(), probe=True)
 
     async def aclose(self) -> None:
         if self._owns_client:

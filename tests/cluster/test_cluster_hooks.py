@@ -189,17 +189,6 @@ def litellm_cluster_client(cluster: RedisClusterNodes) -> tuple[Any, Any]:
     return cache.init_async_client, cache.init_async_client()
 
 
-@pytest.mark.xfail(
-    reason=(
-        "store/_scripts.py ScriptRunner sends every script straight to the cluster client, whose async pool "
-        "does not wait: past max_connections per node (redis-py's default 100) a call raises "
-        "MaxConnectionsError, counted as a store fault (fail open: admitted uncounted, and the circuit "
-        "breaker then skips Redis for store_retry_after_seconds) on a healthy cluster. LiteLLM gates its "
-        "own cluster commands (ClusterConnectionGate); our runner needs the same (a per-loop semaphore "
-        "sized to the client's max_connections), then this passes."
-    ),
-    strict=False,
-)
 async def test_a_burst_beyond_the_default_pool_size_is_still_exact(redis_cluster: RedisClusterNodes) -> None:
     admin = await fresh_cluster_client(redis_cluster)
     get_client, client = litellm_cluster_client(redis_cluster)
@@ -213,17 +202,6 @@ async def test_a_burst_beyond_the_default_pool_size_is_still_exact(redis_cluster
         await admin.aclose()
 
 
-@pytest.mark.xfail(
-    reason=(
-        "redis-py 8.1's async RedisCluster (LiteLLM's cluster client derives from it), first used by a burst "
-        "of concurrent commands before it has read the slot map, runs some commands twice (over-counting) "
-        "and may fail others with AttributeError ('NoneType' object has no attribute 'writelines'), which "
-        "ScriptRunner does not turn into StoreError (the limiter then lets it out of its pre-call hook). "
-        "Fix in the store: await client.initialize() once (under a lock) before the first script on a "
-        "cluster client, and map unexpected client errors to StoreError."
-    ),
-    strict=False,
-)
 async def test_a_first_burst_on_an_uninitialized_client_counts_exactly(redis_cluster: RedisClusterNodes) -> None:
     admin = await fresh_cluster_client(redis_cluster)
     get_client, client = litellm_cluster_client(redis_cluster)

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from fastapi import HTTPException
 
+from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.proxy.limiter import TICKET_KEY, PriorityRateLimiter
 from litellm_ratebalance.proxy.runtime import Runtime
 from litellm_ratebalance.settings import parse_settings
@@ -290,3 +291,29 @@ async def test_fail_closed_503_carries_retry_after_and_recovery_is_exact(own_red
     await recovered(store, own_redis)
     # The restarted Redis is empty: the 3 counted before the crash are forgotten, the limit (5) holds anew.
     assert [await decide(limiter, request()) for _ in range(7)] == [200] * 5 + [429] * 2
+
+
+# -- stale pooled connections after a restart -------------------------------------------------------------
+async def test_after_a_restart_stale_pooled_connections_fail_once_together(own_redis: RedisServer) -> None:
+    """After a restart every pooled connection is stale. The first connection error drops the pool's idle
+    connections, so a later, wider burst gets fresh ones: one fault window, not one per stale connection."""
+    limiter = outage_limiter(own_redis, make_router(rpm=100_000, tpm=10_000_000), "open")
+    store = store_of(limiter)
+
+    async def burst(count: int) -> Counter[str]:
+        async def one() -> str:
+            try:
+                await store.settle("m", "default", 0, 1)  # one script call (a stale window: a no-op)
+            except StoreError:
+                return "error"
+            return "ok"
+
+        return Counter(await asyncio.gather(*(one() for _ in range(count))))
+
+    assert await burst(20) == {"ok": 20}  # 20 connections pooled
+    own_redis.stop()
+    own_redis.start()  # same port, empty: every pooled connection now points at a dead socket
+    narrow = await burst(5)
+    assert narrow["error"] >= 1  # a stale connection was used and failed: the breaker opened
+    await asyncio.sleep(RETRY_AFTER_S + 0.05)
+    assert await burst(20) == {"ok": 20}  # the other 15 stale connections were dropped, not reused
