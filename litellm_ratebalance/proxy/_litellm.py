@@ -8,17 +8,33 @@ loudly on a LiteLLM upgrade that changes one of them.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
     "LiteLLMSurfaceChanged",
+    "caller_id",
+    "deployment_model_group",
+    "deployment_model_info",
     "discover_redis_cache",
+    "exception_status",
+    "failure_exception",
+    "forbid_router_retry",
     "general_setting",
     "is_fanout_lookup",
     "narrow_like_router",
     "proxy_router",
     "rate_limit_exception",
+    "request_auth",
+    "request_call_id",
+    "request_deployment_info",
+    "request_metadata",
+    "request_model_group",
+    "response_deployment_id",
+    "response_usage",
+    "router_deployments",
+    "service_unavailable",
 ]
 
 
@@ -138,3 +154,122 @@ def narrow_like_router(
     if isinstance(skipped, (tuple, list, set, frozenset)) and skipped:
         narrowed = get_excluded_filtered_deployments(narrowed, excluded_deployment_ids=skipped) or narrowed
     return narrowed
+
+
+# -- deployments and requests as the Router hands them to callbacks -------------------------------------------
+# The shapes below are LiteLLM's internal conventions (not its documented callback API): where the Router keeps
+# its deployment list, where it copies the chosen deployment and the caller's auth into the request, where
+# the failure event carries the exception and the response the deployment id.
+
+
+def router_deployments(router: Any) -> list[Mapping[str, Any]]:
+    """The Router's deployment dicts (``Router.model_list``); empty without a router."""
+    deployments = getattr(router, "model_list", None) if router is not None else None
+    if not isinstance(deployments, list):
+        return []
+    return [d for d in deployments if isinstance(d, Mapping)]
+
+
+def deployment_model_info(deployment: object) -> Mapping[str, Any] | None:
+    """A deployment dict's ``model_info`` (its ``id`` is the deployment id), or ``None``."""
+    info = deployment.get("model_info") if isinstance(deployment, Mapping) else None
+    return info if isinstance(info, Mapping) else None
+
+
+def deployment_model_group(deployment: object) -> str:
+    """A deployment dict's model group (``model_name``); ``""`` when absent."""
+    name = deployment.get("model_name") if isinstance(deployment, Mapping) else None
+    return str(name) if name else ""
+
+
+def request_metadata(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The request's metadata as LiteLLM carries it to callbacks: ``metadata`` (chat/completions),
+    ``litellm_metadata`` (some routes), or ``litellm_params.metadata`` (logging events)."""
+    for name in ("metadata", "litellm_metadata"):
+        value = kwargs.get(name)
+        if isinstance(value, Mapping) and value:
+            return value
+    params = kwargs.get("litellm_params")
+    if isinstance(params, Mapping):
+        value = params.get("metadata")
+        if isinstance(value, Mapping):
+            return value
+    return {}
+
+
+def request_auth(kwargs: Mapping[str, Any]) -> Any:
+    """The caller's ``UserAPIKeyAuth``: the proxy stores a copy at ``metadata.user_api_key_auth``. Only an
+    object counts: a dict there (which a request body could forge) has no ``team_metadata``/``metadata``
+    attributes, so identity helpers that read attributes see nothing in it."""
+    return request_metadata(kwargs).get("user_api_key_auth")
+
+
+def caller_id(auth: object) -> str:
+    """Who is asking, for fairness between callers: ``team:<team_id>``, else ``user:<user_id>``, else
+    ``key:<token>`` (the hashed key) of a ``UserAPIKeyAuth``; ``anonymous`` without one."""
+    for attribute, label in (("team_id", "team"), ("user_id", "user"), ("token", "key")):
+        value = getattr(auth, attribute, None)
+        if isinstance(value, str) and value:
+            return f"{label}:{value}"
+    return "anonymous"
+
+
+def request_deployment_info(kwargs: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The chosen deployment's ``model_info`` (the Router copies it into the request metadata before the
+    deployment hook and the logging events); ``None`` when absent or without an ``id``."""
+    info = request_metadata(kwargs).get("model_info") or kwargs.get("model_info")
+    return info if isinstance(info, Mapping) and info.get("id") is not None else None
+
+
+def request_model_group(kwargs: Mapping[str, Any]) -> str:
+    """The model group the caller asked for (the Router sets ``metadata.model_group``), else ``model``."""
+    return str(request_metadata(kwargs).get("model_group") or kwargs.get("model") or "")
+
+
+def request_call_id(kwargs: Mapping[str, Any]) -> str | None:
+    """``litellm_call_id``: one id per client request, kept across the Router's retries."""
+    value = kwargs.get("litellm_call_id")
+    return None if value is None else str(value)
+
+
+def failure_exception(kwargs: object) -> Any:
+    """The exception of a failure event (``kwargs["exception"]`` of ``async_log_failure_event``)."""
+    return kwargs.get("exception") if isinstance(kwargs, Mapping) else None
+
+
+def response_deployment_id(response: object) -> str | None:
+    """The deployment that served a response (``response._hidden_params["model_id"]``)."""
+    hidden = getattr(response, "_hidden_params", None)
+    value = hidden.get("model_id") if isinstance(hidden, Mapping) else None
+    return None if value is None else str(value)
+
+
+def response_usage(response: object) -> tuple[int | None, int | None]:
+    """``(prompt_tokens, completion_tokens)`` of a response's OpenAI-style ``usage`` (``None`` each when
+    absent or not a positive whole number)."""
+    usage = getattr(response, "usage", None)
+    return _positive_int(getattr(usage, "prompt_tokens", None)), _positive_int(
+        getattr(usage, "completion_tokens", None)
+    )
+
+
+def _positive_int(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return None
+    return int(value)
+
+
+def exception_status(exception: object) -> int | None:
+    """The HTTP status LiteLLM's exceptions (and FastAPI's ``HTTPException``) carry in ``status_code``."""
+    status = getattr(exception, "status_code", None)
+    return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+
+def forbid_router_retry(exception: Exception) -> None:
+    """Ask the Router not to retry this exception inside the same request.
+
+    ``Router.async_function_with_retries`` takes ``num_retries`` off the exception when the request did not
+    set one itself (this is how per-deployment ``num_retries`` reaches it); 0 means "raise at once". A
+    request that passes its own ``num_retries`` keeps it: the caller asked for those retries.
+    """
+    exception.num_retries = 0  # type: ignore[attr-defined]

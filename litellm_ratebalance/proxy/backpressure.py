@@ -79,38 +79,6 @@ _MAX_REQUEST_TOKENS = 10**9
 """No clamp in practice: an absurd max_tokens must read as \"never fits\" (reroute), not be trimmed."""
 
 
-def _metadata(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Request metadata as LiteLLM carries it (``metadata``, or ``litellm_metadata`` on some routes)."""
-    for name in ("metadata", "litellm_metadata"):
-        value = kwargs.get(name)
-        if isinstance(value, Mapping) and value:
-            return value
-    params = kwargs.get("litellm_params")
-    if isinstance(params, Mapping):
-        value = params.get("metadata")
-        if isinstance(value, Mapping):
-            return value
-    return {}
-
-
-def _request_auth(kwargs: Mapping[str, Any]) -> Any:
-    """The caller's ``UserAPIKeyAuth``: the proxy stores a copy at ``metadata.user_api_key_auth`` (an object
-    the request body cannot forge: a dict there has no ``team_metadata``/``metadata`` attributes)."""
-    return _metadata(kwargs).get("user_api_key_auth")
-
-
-def _deployment_info(kwargs: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The chosen deployment's ``model_info`` (the router copies it into the request metadata)."""
-    info = _metadata(kwargs).get("model_info") or kwargs.get("model_info")
-    return info if isinstance(info, Mapping) and info.get("id") is not None else None
-
-
-def _positive_int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        return None
-    return int(value)
-
-
 @dataclass(frozen=True, slots=True)
 class _Profile:
     """What one request is to the shedding policy."""
@@ -131,6 +99,9 @@ class _Lease:
     profile: _Profile
     started_wall: float
     started: float
+    attempt: object = None
+    """The kwargs dict of the attempt that took it: LiteLLM hands that same dict to every callback of one
+    attempt, so a second instance of this class in ``litellm.callbacks`` can see the slot is taken."""
 
 
 @dataclass(slots=True, eq=False)
@@ -246,7 +217,11 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     # -- context --------------------------------------------------------------------------------------------
     def _context(self) -> _Context | None:
-        """The live context, rebuilt when the loop or the settings object changed; ``None`` when off."""
+        """The live context, rebuilt when the loop or the settings object changed; ``None`` when off.
+
+        Another instance of this class finding the context live uses it as it is (its leases, queue and
+        limits): rebuilding it would forget the slots the first one holds. The first instance's probe,
+        fetcher and clock stay in use until the settings change."""
         try:
             settings = get_runtime().settings().ratebalance.backpressure
         except Exception as exc:  # ConfigurationError: already names the key; logged once, requests pass
@@ -258,7 +233,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             return None
         loop = asyncio.get_running_loop()
         ctx = _PROCESS.ctx
-        if ctx is None or ctx.loop is not loop or ctx.settings is not settings or ctx.owner is not self:
+        if ctx is None or ctx.loop is not loop or ctx.settings is not settings:
             if ctx is not None and ctx.maintenance is not None and ctx.loop is loop:
                 ctx.maintenance.cancel()
             probe = self._gpu_probe
@@ -274,9 +249,10 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
     def _register_router_deployments(self, ctx: _Context) -> None:
         # Scraping starts before the first request reaches a deployment.
         router = get_runtime().router()
-        for deployment in getattr(router, "model_list", None) or []:
-            if isinstance(deployment, Mapping):
-                self._deployment(ctx, deployment.get("model_info"), str(deployment.get("model_name") or ""))
+        for deployment in _litellm.router_deployments(router):
+            self._deployment(
+                ctx, _litellm.deployment_model_info(deployment), _litellm.deployment_model_group(deployment)
+            )
 
     def _deployment(self, ctx: _Context, model_info: Any, model_group: str) -> _Deployment | None:
         if not isinstance(model_info, Mapping) or model_info.get("id") is None:
@@ -303,7 +279,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
     # -- request profile and decisions ----------------------------------------------------------------------
     def _profile(self, ctx: _Context, kwargs: Mapping[str, Any], messages: Any) -> _Profile:
         settings = ctx.settings
-        auth = _request_auth(kwargs)
+        auth = _litellm.request_auth(kwargs)
         rank = ctx.tiers.rank(resolve_priority(auth, ctx.tiers))
         # The filter gets the messages beside the kwargs; the count is cached in the request metadata, so
         # the deployment hook (and the limiter, when it ran first) do not tokenise again.
@@ -316,12 +292,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         cost = estimate_tokens(
             str(kwargs.get("model") or ""), view, "total", settings.default_output_tokens, _MAX_REQUEST_TOKENS
         )
-        client = "anonymous"
-        for attribute, label in (("team_id", "team"), ("user_id", "user"), ("token", "key")):
-            value = getattr(auth, attribute, None)
-            if isinstance(value, str) and value:
-                client = f"{label}:{value}"
-                break
+        client = _litellm.caller_id(auth)
         weight = 1.0
         raw_weight = metadata_value(auth, "backpressure_weight")
         if raw_weight is not None:
@@ -424,9 +395,9 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             exc = _litellm.service_unavailable(message, headers)
         setattr(exc, _MARK, reason.value)
         if no_router_retry:
-            # The router reads num_retries off the exception: every deployment refused already, and
-            # retrying inside the proxy would only delay the answer the client needs to back off.
-            exc.num_retries = 0  # type: ignore[attr-defined]
+            # Every deployment refused already: retrying inside the proxy would only delay the answer the
+            # client needs to back off.
+            _litellm.forbid_router_retry(exc)
         metrics.counter(
             "backpressure_refusals",
             "Requests refused by backpressure, by model group, priority tier and reason",
@@ -468,8 +439,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             if ctx is None or not healthy_deployments:
                 return healthy_deployments
             candidates = [
-                (d, self._deployment(ctx, d.get("model_info") if isinstance(d, Mapping) else None, model))
-                for d in healthy_deployments
+                (d, self._deployment(ctx, _litellm.deployment_model_info(d), model)) for d in healthy_deployments
             ]
             if all(state is None for _, state in candidates):
                 return healthy_deployments  # none of them is managed: no token counting, no decision
@@ -554,14 +524,17 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             ctx = self._context()
             if ctx is None:
                 return None
-            info = _deployment_info(kwargs)
-            state = self._deployment(ctx, info, str(_metadata(kwargs).get("model_group") or kwargs.get("model") or ""))
+            info = _litellm.request_deployment_info(kwargs)
+            state = self._deployment(ctx, info, _litellm.request_model_group(kwargs))
             if state is None:
                 return None
+            call_id = _litellm.request_call_id(kwargs) or uuid.uuid4().hex
+            if any(held.attempt is kwargs for held in ctx.calls.get(call_id, ())):
+                return None  # this attempt holds its slot already (the class is listed twice in callbacks)
             profile = self._profile(ctx, kwargs, kwargs.get("messages"))
-            call_id = str(kwargs.get("litellm_call_id") or uuid.uuid4().hex)
             lease = await self._admit(ctx, state, profile, call_id)
             if lease is not None:
+                lease.attempt = kwargs
                 self._release_if_cancelled(ctx, lease)
             return None
         except Exception as exc:
@@ -776,7 +749,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         try:
-            exception = kwargs.get("exception") if isinstance(kwargs, Mapping) else None
+            exception = _litellm.failure_exception(kwargs)
             if getattr(exception, _MARK, None):
                 return  # refused by us: that attempt never held a lease
             await self._finish(kwargs, response_obj, end_time, failed=True, exception=exception)
@@ -787,13 +760,12 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         ctx = _PROCESS.ctx
         if ctx is None or not isinstance(kwargs, Mapping) or ctx.loop is not asyncio.get_running_loop():
             return
-        call_id = kwargs.get("litellm_call_id")
-        leases = ctx.calls.get(str(call_id)) if call_id is not None else None
+        call_id = _litellm.request_call_id(kwargs)
+        leases = ctx.calls.get(call_id) if call_id is not None else None
         if not leases:
             return
-        info = _deployment_info(kwargs)
-        hidden = getattr(response_obj, "_hidden_params", None)
-        deployment_id = (info or {}).get("id") or (hidden.get("model_id") if isinstance(hidden, Mapping) else None)
+        info = _litellm.request_deployment_info(kwargs)
+        deployment_id = (info or {}).get("id") or _litellm.response_deployment_id(response_obj)
         # Retries reuse the call id: release the oldest lease of this call on this deployment (events of one
         # call arrive in attempt order; whichever lease goes, the count stays right).
         lease = next(
@@ -819,15 +791,14 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             return
         ended = end_time.timestamp() if isinstance(end_time, datetime) else time.time()
         latency = max(1e-6, ended - lease.started_wall)
-        usage = getattr(response_obj, "usage", None)
-        output_tokens = _positive_int(getattr(usage, "completion_tokens", None))
+        prompt_tokens, output_tokens = _litellm.response_usage(response_obj)
         state.limit.update(now, per_token_rtt(latency, output_tokens), max(1, state.inflight), False)
         state.mean_latency = (
             latency
             if state.mean_latency is None
             else state.mean_latency + _LATENCY_SMOOTHING * (latency - state.mean_latency)
         )
-        actual = (_positive_int(getattr(usage, "prompt_tokens", None)) or 0) + (output_tokens or 0)
+        actual = (prompt_tokens or 0) + (output_tokens or 0)
         if actual:
             state.queue.charge(lease.profile.client, actual - lease.profile.cost, lease.profile.weight)
 
@@ -866,9 +837,8 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             ctx = _PROCESS.ctx
             if response is None or ctx is None:
                 return None  # refusals carry their headers themselves
-            hidden = getattr(response, "_hidden_params", None)
-            deployment_id = hidden.get("model_id") if isinstance(hidden, Mapping) else None
-            state = ctx.deployments.get(str(deployment_id)) if deployment_id is not None else None
+            deployment_id = _litellm.response_deployment_id(response)
+            state = ctx.deployments.get(deployment_id) if deployment_id is not None else None
             if state is None:
                 return None
             return {
@@ -1013,8 +983,8 @@ def _is_drop(exception: Any) -> bool:
     """A failure that says the server is overloaded or broken (not the client's fault)."""
     if exception is None:
         return False
-    status = getattr(exception, "status_code", None)
-    if isinstance(status, int):
+    status = _litellm.exception_status(exception)
+    if status is not None:
         return status >= 500 or status in (408, 429)
     return isinstance(exception, (TimeoutError, asyncio.TimeoutError, ConnectionError))
 
