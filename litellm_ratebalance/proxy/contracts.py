@@ -238,23 +238,25 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
     async def async_log_success_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
+        started = time.perf_counter()
         try:
             entry = _entry(kwargs)
-            if entry is None:
-                return
-            ticket = self._tickets.pop(str(entry.get("id")), None)
-            if ticket is None:
-                return
-            used = actual_tokens(usage_of(kwargs, response_obj), "total")
-            # No usage reported (some streams): the estimate stands as the request's usage.
-            self._spawn(self._settle(ticket, ticket.held_tokens, ticket.held_tokens if used is None else used))
+            ticket = self._tickets.pop(str(entry.get("id")), None) if entry is not None else None
+            if ticket is not None:
+                used = actual_tokens(usage_of(kwargs, response_obj), "total")
+                # No usage reported (some streams): the estimate stands as the request's usage.
+                self._spawn(self._settle(ticket, ticket.held_tokens, ticket.held_tokens if used is None else used))
         except Exception:
             logger.exception("litellm_ratebalance traffic_contracts: reconciling usage failed")
+        finally:
+            self._latency.labels(COMPONENT, "log_success").observe(time.perf_counter() - started)
 
     async def async_log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
+        started = time.perf_counter()
         self._release(kwargs)
+        self._latency.labels(COMPONENT, "log_failure").observe(time.perf_counter() - started)
 
     async def async_post_call_failure_hook(
         self,
@@ -263,7 +265,9 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
         user_api_key_dict: Any,
         traceback_str: str | None = None,
     ) -> Any:
+        started = time.perf_counter()
         self._release(request_data)
+        self._latency.labels(COMPONENT, "post_call_failure").observe(time.perf_counter() - started)
         return None
 
     async def drain(self) -> None:

@@ -245,6 +245,13 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
     async def async_log_success_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
+        started = time.perf_counter()
+        try:
+            await self._reconcile(kwargs, response_obj)
+        finally:
+            self._latency.labels("limiter", "log_success").observe(time.perf_counter() - started)
+
+    async def _reconcile(self, kwargs: dict[str, Any], response_obj: Any) -> None:
         entry = _ticket_entry(kwargs)
         if entry is None:
             return
@@ -260,11 +267,13 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
     async def async_log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
-        entry = _ticket_entry(kwargs)
-        if entry is None:
-            return
-        exception = kwargs.get("exception")
-        await self._release(str(entry.get("id")), exception)
+        started = time.perf_counter()
+        try:
+            entry = _ticket_entry(kwargs)
+            if entry is not None:
+                await self._release(str(entry.get("id")), kwargs.get("exception"))
+        finally:
+            self._latency.labels("limiter", "log_failure").observe(time.perf_counter() - started)
 
     async def async_post_call_failure_hook(
         self,
@@ -273,9 +282,13 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         user_api_key_dict: Any,
         traceback_str: str | None = None,
     ) -> Any:
-        entry = _ticket_entry(request_data)
-        if entry is not None:
-            await self._release(str(entry.get("id")), original_exception)
+        started = time.perf_counter()
+        try:
+            entry = _ticket_entry(request_data)
+            if entry is not None:
+                await self._release(str(entry.get("id")), original_exception)
+        finally:
+            self._latency.labels("limiter", "post_call_failure").observe(time.perf_counter() - started)
         return None
 
     # -- tickets ----------------------------------------------------------------------------------------
