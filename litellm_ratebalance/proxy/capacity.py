@@ -3,19 +3,24 @@
 LiteLLM's ``Router.get_model_group_info`` deep-copies and costs ~0.4 ms a call (see LITELLM-NOTES.md), so
 we sum ``tpm``/``rpm`` of the group's deployments ourselves (``litellm_params`` first, then
 ``model_info``, LiteLLM's order) and keep the result for ``refresh_seconds``, or until the proxy
-replaces its Router. The cache is bounded: unknown model names a client sends cannot grow it.
+replaces its Router. The cache is bounded: a least-recently-used map of at most ``max_entries`` groups, and
+a name that matches no deployment (a client can send any model name) is not cached at all, so a flood of
+bogus names leaves it as it was.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Capacity", "CapacityCache"]
+__all__ = ["DEFAULT_MAX_ENTRIES", "Capacity", "CapacityCache", "read_capacity"]
 
-_MAX_ENTRIES = 1024
+DEFAULT_MAX_ENTRIES = 1024
+"""Model groups cached per limiter (far more than a proxy configures; wildcard routes can match many
+requested names, which then share this bound)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +28,10 @@ class Capacity:
     rpm: int | None
     tpm: int | None
     deployments: int
+    model_group: str | None = None
+    """The router's name of the group that served the lookup (``model_name`` of its deployments): equal to
+    the requested name, or a wildcard route such as ``openai/*`` that matched it. Counters keyed by this
+    name stay bounded by configuration whatever names clients send."""
 
     @property
     def limited(self) -> bool:
@@ -53,28 +62,49 @@ def read_capacity(router: Any, model_group: str) -> Capacity:
         if tpm is not None:
             tpm_total += tpm
             tpm_seen = True
-    return Capacity(rpm_total if rpm_seen else None, tpm_total if tpm_seen else None, len(deployments))
+    names = {d.get("model_name") for d in deployments if isinstance(d.get("model_name"), str)}
+    group = model_group if model_group in names or len(names) != 1 else next(iter(names))
+    return Capacity(
+        rpm_total if rpm_seen else None,
+        tpm_total if tpm_seen else None,
+        len(deployments),
+        group if deployments else None,
+    )
 
 
 class CapacityCache:
     """``get(router, model_group)`` with a time-to-live; keyed by router identity so a replaced Router
-    is re-read at once."""
+    is re-read at once. At most ``max_entries`` entries (least recently used dropped first); names that
+    match no deployment are never stored."""
 
-    __slots__ = ("_clock", "_entries", "_ttl")
+    __slots__ = ("_clock", "_entries", "_max_entries", "_ttl")
 
-    def __init__(self, ttl_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, ttl_seconds: float, clock: Callable[[], float] = time.monotonic, max_entries: int = DEFAULT_MAX_ENTRIES
+    ) -> None:
         self._ttl = ttl_seconds
         self._clock = clock
-        self._entries: dict[tuple[int, str], tuple[float, Capacity]] = {}
+        self._max_entries = max(1, max_entries)
+        self._entries: OrderedDict[tuple[int, str], tuple[float, Capacity]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def get(self, router: Any, model_group: str) -> Capacity:
         key = (id(router), model_group)
         now = self._clock()
         entry = self._entries.get(key)
         if entry is not None and entry[0] > now:
+            self._entries.move_to_end(key)
             return entry[1]
         capacity = read_capacity(router, model_group)
-        if len(self._entries) >= _MAX_ENTRIES:
-            self._entries.clear()
+        if capacity.deployments == 0:
+            # An unknown name: the Router refuses the request anyway; caching it would let clients fill the
+            # cache (and evict real groups) with made-up names.
+            self._entries.pop(key, None)
+            return capacity
         self._entries[key] = (now + self._ttl, capacity)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._max_entries:
+            self._entries.popitem(last=False)
         return capacity
