@@ -26,9 +26,9 @@ JSON output (``--json``), schema 1; keys are stable, new keys may be added::
          "priorities": [{"priority": str ("default" = shared pool), "requests": int, "tokens": int,
                          "weight": float, "reserved_requests": float|null, "reserved_tokens": float|null}],
          "deployments": [{"deployment_id": str, "estimated_rate": float (tokens/s, window mean),
-                          "weight": float|null (routing choice probability), "samples": int,
-                          "failures": int, "routing_mode": str, "in_flight": int|null,
-                          "reserved_tokens": int|null,
+                          "weight": float|null (routing choice probability), "samples": float,
+                          "failures": float (both recency-weighted when routing weighs by age),
+                          "routing_mode": str, "in_flight": int|null, "reserved_tokens": int|null,
                           "concurrency_limit": {"min": int, "initial": int, "max": int}|null}]}],
      "contracts": null | {
          "window_seconds": int, "window_start": int (s), "reset_seconds": int,
@@ -49,6 +49,7 @@ import copy
 import json
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,8 +122,10 @@ class DeploymentStatus:
     """Mean effective token rate (tokens/s) of the routing window's samples."""
     weight: float | None
     """Routing choice probability among the group's deployments (None: routing statistics unread)."""
-    samples: int
-    failures: int
+    samples: float
+    """Samples in the routing window as the balancer counts them (recency-weighted when the routing
+    settings weight samples by age, so not always whole)."""
+    failures: float
     routing_mode: str
     in_flight: int | None
     """Leases alive in the store, all replicas (None: not read)."""
@@ -325,8 +328,8 @@ def report_json(report: StatusReport) -> dict[str, Any]:
             "deployment_id": d.deployment_id,
             "estimated_rate": _round(d.estimated_rate),
             "weight": _round(d.weight),
-            "samples": d.samples,
-            "failures": d.failures,
+            "samples": _round(float(d.samples), 2),
+            "failures": _round(float(d.failures), 2),
             "routing_mode": d.routing_mode,
             "in_flight": d.in_flight,
             "reserved_tokens": d.reserved_tokens,
@@ -423,6 +426,19 @@ def _num(value: float | int | None, digits: int = 0) -> str:
     return f"{value:.{digits}f}"
 
 
+def _count(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def _short_id(deployment_id: str, width: int = 24) -> str:
+    """LiteLLM's derived ids are 64 hex digits: the table shows a prefix (``--json`` has the full id)."""
+    return deployment_id if len(deployment_id) <= width else deployment_id[: width - 1] + "~"
+
+
+def _utc(epoch_seconds: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_seconds))
+
+
 def _used_of(used: int, limit: float | None) -> str:
     return f"{used}" if limit is None else f"{used}/{_num(limit)}"
 
@@ -461,16 +477,18 @@ def format_table(report: StatusReport) -> str:
             )
         )
         if g.deployments:
+            modes = sorted({d.routing_mode for d in g.deployments})
+            lines.append(f"  routing mode {', '.join(modes)}; in flight = leases of all replicas")
             lines.extend(
                 _table(
                     ["deployment", "est. rate tok/s", "weight", "samples", "failures", "in flight", "conc. limit"],
                     [
                         [
-                            d.deployment_id,
+                            _short_id(d.deployment_id),
                             _num(d.estimated_rate, 1),
                             _num(d.weight, 3),
-                            str(d.samples),
-                            str(d.failures),
+                            _count(d.samples),
+                            _count(d.failures),
                             _num(d.in_flight),
                             "-"
                             if d.concurrency_limit is None
@@ -485,7 +503,7 @@ def format_table(report: StatusReport) -> str:
     if contracts is not None:
         lines.append("")
         lines.append(
-            f"traffic contracts: window {contracts.window_seconds}s from {contracts.window_start}, "
+            f"traffic contracts: window {contracts.window_seconds}s from {_utc(contracts.window_start)}, "
             f"resets in {contracts.reset_seconds}s"
         )
         lines.extend(

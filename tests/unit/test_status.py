@@ -114,7 +114,7 @@ def test_contract_modes_are_those_of_the_next_request() -> None:
 def _report() -> StatusReport:
     deployments = (
         _deployment("gpt-eu", 123.456, 0.6667, ConcurrencyRange(1, 8, 64)),
-        _deployment("gpt-us", 61.5, 0.3333),
+        _deployment("f3448299829431b199b433742f9751fce5125150f5b6903b515df7145ecc6b50", 61.5, 0.3333),
     )
     group = group_status(
         "gpt", rpm=10, tpm=1000, snapshot=_snapshot(), settings=SETTINGS, now_ms=NOW, deployments=deployments
@@ -168,6 +168,10 @@ def test_table_is_aligned_and_shows_every_figure() -> None:
     eu = next(line for line in lines if line.lstrip().startswith("gpt-eu"))
     assert eu.split()[:6] == ["gpt-eu", "123.5", "0.667", "12", "1", "2"]
     assert "1..64 (start 8)" in eu
+    assert "routing mode weighted; in flight = leases of all replicas" in text
+    derived = next(line for line in lines if line.lstrip().startswith("f344829982"))
+    assert derived.split()[0] == "f3448299829431b199b4337~"  # shortened in the table, full in --json
+    assert "traffic contracts: window 60s from 1970-01-12 13:46:00 UTC, resets in 20s" in text
     search = next(line for line in lines if line.lstrip().startswith("search"))
     assert search.split() == ["search", "4", "4", "borrowed", "0", "400", "normal"]
     assert any(line.lstrip().startswith("__basket__") for line in lines)

@@ -1,0 +1,206 @@
+"""``litellm-ratebalance status`` against the real redis-server, after the real hooks and store calls wrote.
+
+The tests are synchronous: the CLI runs its own event loop (``asyncio.run``), as it does for an operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import litellm
+import pytest
+import yaml
+
+from litellm_ratebalance.cli import main
+from litellm_ratebalance.proxy.contracts import TrafficContractsCallback
+from litellm_ratebalance.proxy.runtime import Runtime
+from litellm_ratebalance.routing.balancer import RateBalancer
+from litellm_ratebalance.settings import parse_settings
+from litellm_ratebalance.store import KeySpace, RedisStore
+from tests.integration import contracts_support, limiter_support
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.redis
+
+PREFIX = "rbstatus"
+LITELLM_SETTINGS: dict[str, Any] = {
+    "priority_reservation": {"prod": 0.7, "dev": 0.2},
+    "priority_reservation_settings": {"default_priority": 0.1, "saturation_threshold": 0.5},
+    "ratebalance": {
+        "key_prefix": PREFIX,
+        "traffic_contracts": {
+            "window_seconds": 3600,  # one test never straddles a contract window
+            "counter_ttl_seconds": 7200,
+            "basket": {"rpm": 5, "tpm": 10000},
+            "features": {"search": {"rpm": 2, "tpm": 5000}, "chat": {"rpm": 10}},
+        },
+        "backpressure": {"deployments": {"chat-a": {"min_limit": 2, "initial_limit": 4, "max_limit": 16}}},
+    },
+}
+MODEL_LIST: list[dict[str, Any]] = [
+    {
+        "model_name": "chat",
+        "litellm_params": {"model": "openai/a", "api_key": "sk-fake", "mock_response": "hi", "rpm": 6, "tpm": 600},
+        "model_info": {"id": "chat-a"},
+    },
+    {
+        # No model_info.id: LiteLLM's Router derives one; status must derive the same.
+        "model_name": "chat",
+        "litellm_params": {"model": "openai/b", "api_key": "sk-fake", "mock_response": "hi", "rpm": 4, "tpm": 400},
+    },
+]
+
+
+def _router() -> Any:
+    return litellm.Router(model_list=[dict(m) for m in json.loads(json.dumps(MODEL_LIST))])
+
+
+def _write_config(tmp_path: Path, url: str | None) -> Path:
+    settings = json.loads(json.dumps(LITELLM_SETTINGS))
+    if url is not None:
+        settings["ratebalance"]["redis_url"] = url
+    path = tmp_path / "config.yaml"
+    # Key order kept: LiteLLM hashes the params in file order (as the proxy reads the file).
+    path.write_text(yaml.safe_dump({"model_list": MODEL_LIST, "litellm_settings": settings}, sort_keys=False))
+    return path
+
+
+async def _drive(url: str, derived_id: str) -> dict[str, Any]:
+    """Write through the real limiter and contracts hooks and the routing / concurrency store calls."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    await client.flushdb()
+    store = RedisStore(client, KeySpace(PREFIX), timeout_seconds=5.0)
+    settings = parse_settings(LITELLM_SETTINGS)
+    router = _router()
+    limiter = limiter_support.make_limiter(store, router, LITELLM_SETTINGS)
+    refused = 0
+    for priority, tokens in (("prod", 30), ("prod", 30), ("prod", 30), ("dev", 20), (None, 10)):
+        data = limiter_support.request("chat", max_tokens=10)
+        outcome = await limiter_support.call(limiter, data, limiter_support.auth(priority))
+        if outcome is None:
+            await limiter_support.finish(limiter, data, tokens)
+        else:
+            refused += 1
+    runtime = Runtime()
+    runtime.configure(settings=settings, store=store, router=router)
+    contracts = TrafficContractsCallback(runtime)
+    modes = []
+    for feature in ("search", "search", "search", "chat"):
+        data = contracts_support.request("chat", max_tokens=10)
+        assert await contracts_support.call(contracts, data, contracts_support.auth(feature)) is None
+        modes.append(data["metadata"]["traffic_contract_rpm_mode"])
+        await contracts_support.finish(contracts, data, 40)
+    balancer = RateBalancer(store, settings.ratebalance.routing)
+    for _ in range(4):
+        balancer.record("chat", "chat-a", latency=1.0, output_tokens=100)
+    for _ in range(2):
+        balancer.record("chat", derived_id, latency=2.0, output_tokens=100)
+    await balancer.aclose()
+    await store.lease_acquire("chat-a", "lease-1", slot_cap=4, ttl_ms=60_000, cost_tokens=70)
+    admission = await store.admission_snapshot("chat", 60_000)
+    window = await store.contract_window(3600)
+    await client.aclose()
+    return {"refused": refused, "modes": modes, "admission": admission, "window": window}
+
+
+def _derived_id() -> str:
+    ids = [d["model_info"]["id"] for d in _router().get_model_list()]
+    assert ids[0] == "chat-a"
+    return str(ids[1])
+
+
+def test_status_json_and_table_show_what_was_written(
+    redis_server: RedisServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    derived_id = _derived_id()
+    written = asyncio.run(_drive(redis_server.url, derived_id))
+    config = _write_config(tmp_path, redis_server.url)
+    capsys.readouterr()
+
+    assert main(["status", "--config", str(config), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == 1 and doc["store"]["key_prefix"] == PREFIX
+    (group,) = doc["model_groups"]
+    admission = written["admission"]
+    assert (group["rpm"], group["tpm"]) == (10, 1000)
+    assert group["window"]["live"] and 1 <= group["window"]["reset_seconds"] <= 60
+    assert (group["requests"], group["tokens"]) == (admission.requests, admission.tokens)
+    assert group["requests"] == 5 - written["refused"]
+    pools = {p["priority"]: p for p in group["priorities"]}
+    for name, field in (("prod", "p.prod"), ("dev", "p.dev"), ("default", "d")):
+        assert (pools[name]["requests"], pools[name]["tokens"]) == admission.pools.get(field, (0, 0))
+    assert pools["prod"]["reserved_requests"] == 7.0 and pools["prod"]["reserved_tokens"] == 700.0
+    assert group["saturation"] == round(max(admission.requests / 10, admission.tokens / 1000), 4)
+
+    deployments = {d["deployment_id"]: d for d in group["deployments"]}
+    assert list(deployments) == ["chat-a", derived_id]
+    a, b = deployments["chat-a"], deployments[derived_id]
+    # Samples as the balancer counts them: recency-weighted by default, so just under the raw counts.
+    assert 3.5 <= a["samples"] <= 4 and 1.5 <= b["samples"] <= 2
+    assert (a["estimated_rate"], b["estimated_rate"]) == (100.0, 50.0)
+    assert a["weight"] + b["weight"] == pytest.approx(1.0, abs=1e-3)
+    assert (a["in_flight"], a["reserved_tokens"], b["in_flight"]) == (1, 70, 0)
+    assert a["concurrency_limit"] == {"min": 2, "initial": 4, "max": 16}
+    assert b["concurrency_limit"] is None  # not configured for backpressure
+
+    contracts = doc["contracts"]
+    window = written["window"]
+    assert contracts["window_start"] == window.window_start
+    features = {c["feature"]: c for c in contracts["features"]}
+    assert features["search"]["requests"] == window.requests["search"] == 3
+    assert features["search"]["tokens"] == window.tokens["search"] + window.in_flight.get("search", 0) == 120
+    assert written["modes"] == ["normal", "normal", "borrowed", "normal"]
+    assert features["search"]["rpm_mode"] == "borrowed"  # 3 of 2: the next one borrows as well
+    assert features["chat"]["rpm_mode"] == "normal"
+    assert contracts["basket"]["requests"] == 4 and contracts["basket"]["rpm_mode"] == "normal"  # 5th fits
+
+    assert main(["status", "--config", str(config), "--model", "chat"]) == 0
+    table = capsys.readouterr().out
+    print(table)  # the sample output quoted in the README
+    assert f"requests {admission.requests}/10, tokens {admission.tokens}/1000" in table
+    prod_line = next(line for line in table.splitlines() if line.lstrip().startswith("prod "))
+    assert prod_line.split()[:4] == ["prod", "0.70", str(pools["prod"]["requests"]), "7"]
+    a_line = next(line for line in table.splitlines() if line.lstrip().startswith("chat-a"))
+    cells = a_line.split()
+    assert cells[:3] == ["chat-a", "100.0", f"{a['weight']:.3f}"] and cells[4:7] == ["0", "1", "2..16"]
+    assert float(cells[3]) == pytest.approx(a["samples"], abs=0.06)
+    search_line = next(line for line in table.splitlines() if line.lstrip().startswith("search"))
+    assert search_line.split() == ["search", "3", "2", "borrowed", "120", "5000", "normal"]
+
+
+def test_unknown_model_group_is_a_usage_error(
+    redis_server: RedisServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _write_config(tmp_path, redis_server.url)
+    assert main(["status", "--config", str(config), "--model", "nope"]) == 2
+    assert "unknown model group(s) ['nope']; the config has ['chat']" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_unreachable_redis_is_a_clear_error_without_the_password(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"redis://ops:hunter2@127.0.0.1:{_free_port()}/0"
+    config = _write_config(tmp_path, url)
+    assert main(["status", "--config", str(config), "--timeout", "1"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "cannot read the store at redis://ops:***@127.0.0.1:" in captured.err
+    assert "hunter2" not in captured.err and "Traceback" not in captured.err
+
+
+def test_embedded_store_has_nothing_to_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _write_config(tmp_path, None)
+    assert main(["status", "--config", str(config)]) == 3
+    assert "nothing to show" in capsys.readouterr().err
