@@ -62,7 +62,11 @@ class ProxyProcess:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 90.0) -> None:
+    def launch(self) -> None:
+        """Write the config (and ``files``) and start the process; does not wait for it (see
+        :meth:`wait_ready` / :meth:`wait_ready_async`), so several proxies can start at once."""
+        if self.process is not None:
+            raise RuntimeError(f"the proxy on port {self.port} is already running")
         self.workdir.mkdir(parents=True, exist_ok=True)
         config_path = self.workdir / "config.yaml"
         config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
@@ -70,25 +74,55 @@ class ProxyProcess:
             (self.workdir / name).write_text(text)
         env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", PYTHONUNBUFFERED="1", **self.env)
         env.setdefault("LITELLM_LOG", "ERROR")
-        log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            [_litellm_executable(), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(self.port)],
-            cwd=self.workdir,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        env.setdefault("NO_PROXY", "127.0.0.1,localhost")
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [_litellm_executable(), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(self.port)],
+                cwd=self.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: stop() takes its workers too, Ctrl-C does not reach it
+            )
+
+    def start(self, timeout: float = 90.0) -> None:
+        self.launch()
         self._wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        """Block until ``/health/liveliness`` answers 200; stop the proxy and raise RuntimeError otherwise."""
+        self._wait_ready(timeout)
+
+    async def wait_ready_async(self, timeout: float = 90.0) -> None:
+        """:meth:`wait_ready` for an event loop (cancellable: the caller's cleanup then stops the proxy)."""
+        import asyncio
+
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if self.process is None or self.process.poll() is not None:
+                    code = None if self.process is None else self.process.returncode
+                    raise RuntimeError(f"the proxy exited with {code}; log:\n{self.log_tail()}")
+                try:
+                    if (await client.get(f"{self.base_url}/health/liveliness")).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"the proxy did not become ready in {timeout:.0f}s; log:\n{self.log_tail()}")
 
     def _wait_ready(self, timeout: float) -> None:
         import httpx
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"the proxy exited with {self.process.returncode}; log:\n{self.log_tail()}")
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise RuntimeError(f"the proxy exited with {code}; log:\n{self.log_tail()}")
             try:
                 if httpx.get(f"{self.base_url}/health/liveliness", timeout=1.0).status_code == 200:
                     return
@@ -105,6 +139,8 @@ class ProxyProcess:
             return "(no log)"
 
     def stop(self) -> None:
+        """SIGTERM to the proxy's process group, SIGKILL after 10 s; then SIGKILL whatever of the group is
+        left (workers may outlive the leader for a moment). Safe to call twice."""
         process = self.process
         if process is None:
             return
@@ -116,6 +152,8 @@ class ProxyProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
 
     def __enter__(self) -> ProxyProcess:
         self.start()
