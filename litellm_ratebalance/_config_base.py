@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from litellm_ratebalance.errors import ConfigurationError
+from litellm_ratebalance.errors import ConfigurationError, redact
 
 __all__ = ["SettingsModel", "configuration_error"]
 
@@ -46,7 +46,8 @@ def configuration_error(exc: ValidationError, root: str) -> ConfigurationError:
                 message = f"must be between {bounds[0]} and {bounds[1]}"
         if "input" in error and error["type"] not in ("missing", "model_rule", "value_error") and loc:
             message += f" (got {error['input']!r})"
-        lines.append(f"{path}: {message}")
+        # A rejected value may be a URL with a password in it: never echo credentials.
+        lines.append(redact(f"{path}: {message}"))
     return ConfigurationError("invalid configuration:\n  " + "\n  ".join(lines))
 
 

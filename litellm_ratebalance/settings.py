@@ -23,7 +23,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from litellm_ratebalance._config_base import SettingsModel, configuration_error, register
 from litellm_ratebalance.backpressure.config import BackpressureSettings
 from litellm_ratebalance.contracts.config import TrafficContractSettings
-from litellm_ratebalance.errors import ConfigurationError
+from litellm_ratebalance.errors import ConfigurationError, redact_url
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.store.keys import validate_prefix
 
@@ -33,6 +33,7 @@ __all__ = [
     "RateBalanceSettings",
     "ReservationSpec",
     "Settings",
+    "check_redis_url",
     "load_settings",
     "parse_settings",
 ]
@@ -77,7 +78,10 @@ class RateBalanceSettings(SettingsModel):
 
     key_prefix: str = "ratebalance"
     redis_url: str | None = None
-    """Overrides the Redis discovered from the proxy (``redis://``, ``rediss://``, password, db)."""
+    """Overrides the Redis discovered from the proxy: ``redis://[[user]:password@]host[:port][/db]``,
+    ``rediss://...`` for TLS (options as query parameters, e.g. ``?ssl_cert_reqs=required&ssl_ca_certs=
+    /path/ca.pem``), or ``unix:///path/redis.sock?db=N``. One server; use LiteLLM's Redis settings for a
+    Cluster or Sentinel. An empty string means unset. Never logged with its credentials."""
     fail_mode: Literal["open", "closed"] = "open"
     """On a store fault: ``open`` admits (one warning per interval, counted); ``closed`` answers 503."""
     fault_log_interval_seconds: Annotated[float, Field(ge=0.0, le=3600)] = 30.0
@@ -92,6 +96,13 @@ class RateBalanceSettings(SettingsModel):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     traffic_contracts: TrafficContractSettings = Field(default_factory=TrafficContractSettings)
     backpressure: BackpressureSettings = Field(default_factory=BackpressureSettings)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        return check_redis_url(value)
 
     @field_validator("key_prefix")
     @classmethod
@@ -142,6 +153,35 @@ class Settings(SettingsModel):
             name: spec if isinstance(spec, float) else {"type": spec.type, "value": spec.value}
             for name, spec in self.priority_reservation.items()
         }
+
+
+REDIS_URL_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_redis_url(url: str) -> str:
+    """Return ``url`` if redis-py can use it as one server's URL, else raise ValueError. The message shows
+    the URL with its credentials masked."""
+    from urllib.parse import parse_qs, urlsplit
+
+    shown = redact_url(url)
+    expected = "expected redis://[[user]:password@]host[:port][/db], rediss://... (TLS) or unix:///path"
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises on a non-numeric port
+    except ValueError:
+        raise ValueError(f"not a valid URL ({expected}), got {shown!r}") from None
+    if parts.scheme not in REDIS_URL_SCHEMES:
+        raise ValueError(f"unsupported scheme {parts.scheme!r} ({expected}), got {shown!r}")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"no host ({expected}), got {shown!r}")
+    db_values = parse_qs(parts.query).get("db", [])
+    path_db = parts.path.strip("/") if parts.scheme != "unix" else ""
+    for db in [path_db, *db_values]:
+        if db and not (db.isdigit() and int(db) <= 10_000):
+            raise ValueError(
+                f"the database number must be a non-negative integer ({expected}), got {db!r} in {shown!r}"
+            )
+    return url
 
 
 def _plain(value: Any) -> Any:

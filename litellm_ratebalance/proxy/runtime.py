@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from litellm_ratebalance import metrics
-from litellm_ratebalance.errors import ConfigurationError, StoreError
+from litellm_ratebalance.errors import ConfigurationError, StoreError, redact, redact_url
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.settings import Settings, load_settings
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore, Store
@@ -50,7 +50,7 @@ class FaultPolicy:
                 component,
                 "open" if fail_open else "closed",
                 interval,
-                exc,
+                redact(str(exc)),
             )
         return fail_open
 
@@ -102,7 +102,7 @@ class Runtime:
                 timeout=settings.ratebalance.store_timeout_seconds,
             )
             client = aioredis.Redis(connection_pool=pool)
-            logger.info("litellm_ratebalance: using the Redis at ratebalance.redis_url (credentials not shown)")
+            logger.info("litellm_ratebalance: using the Redis at ratebalance.redis_url %s", redact_url(url))
             return RedisStore(
                 client,
                 keys,
