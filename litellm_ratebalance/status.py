@@ -728,7 +728,7 @@ async def _deployment_statuses(
     store: Any, settings: Settings, model_group: str, deployments: Sequence[ConfigDeployment]
 ) -> list[DeploymentStatus]:
     from litellm_ratebalance.proxy.routing import deployment_candidates
-    from litellm_ratebalance.routing.balancer import RateBalancer
+    from litellm_ratebalance.routing.balancer import Candidate, RateBalancer
 
     errors = _Errors()
     # The balancer the proxy routes with, fed from the same store: its estimates are the proxy's figures
@@ -761,6 +761,29 @@ async def _deployment_statuses(
                 else None,
             )
         )
+    # Deployments the store has statistics for that the config does not list (models added through the
+    # proxy's database, a config changed since): shown with their figures, but no weight, since the
+    # proxy's candidate set for them is unknown here.
+    configured = {d.deployment_id for d in deployments}
+    extra = sorted(set(balancer.estimates(model_group)) - configured)
+    if extra:
+        seen = balancer.estimates(model_group, [Candidate(d) for d in extra])
+        extra_leases = await asyncio.gather(*(store.concurrency_snapshot(d) for d in extra))
+        for deployment_id, lease in zip(extra, extra_leases, strict=True):
+            estimate = seen[deployment_id]
+            out.append(
+                DeploymentStatus(
+                    deployment_id=deployment_id,
+                    estimated_rate=estimate.mean_rate,
+                    weight=None,
+                    samples=estimate.samples,
+                    failures=estimate.failures,
+                    routing_mode="not in config",
+                    in_flight=lease.inflight,
+                    reserved_tokens=lease.reserved_tokens,
+                    concurrency_limit=None,
+                )
+            )
     return out
 
 

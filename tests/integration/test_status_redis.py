@@ -101,6 +101,7 @@ async def _drive(url: str, derived_id: str) -> dict[str, Any]:
         balancer.record("chat", "chat-a", latency=1.0, output_tokens=100)
     for _ in range(2):
         balancer.record("chat", derived_id, latency=2.0, output_tokens=100)
+    balancer.record("chat", "from-the-database", latency=1.0, output_tokens=30)  # a deployment not in config
     await balancer.aclose()
     await store.lease_acquire("chat-a", "lease-1", slot_cap=4, ttl_ms=60_000, cost_tokens=70)
     admission = await store.admission_snapshot("chat", 60_000)
@@ -139,7 +140,9 @@ def test_status_json_and_table_show_what_was_written(
     assert group["saturation"] == round(max(admission.requests / 10, admission.tokens / 1000), 4)
 
     deployments = {d["deployment_id"]: d for d in group["deployments"]}
-    assert list(deployments) == ["chat-a", derived_id]
+    assert list(deployments) == ["chat-a", derived_id, "from-the-database"]
+    unlisted = deployments["from-the-database"]
+    assert (unlisted["estimated_rate"], unlisted["weight"], unlisted["routing_mode"]) == (30.0, None, "not in config")
     a, b = deployments["chat-a"], deployments[derived_id]
     # Samples as the balancer counts them: recency-weighted by default, so just under the raw counts.
     assert 3.5 <= a["samples"] <= 4 and 1.5 <= b["samples"] <= 2

@@ -22,3 +22,31 @@ def test_check_config_accepts_valid_and_names_bad_keys(tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert "litellm_settings.ratebalance.limiter.window_seconds: must be between 1 and 3600" in err
     assert "token_rate_limit_type" in err
+
+
+def test_status_refuses_an_invalid_config_with_key_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("litellm_settings:\n  ratebalance: {fail_mode: sometimes, redis_url: 'redis://127.0.0.1:1'}\n")
+    assert main(["status", "--config", str(bad)]) == 78
+    assert "litellm_settings.ratebalance.fail_mode" in capsys.readouterr().err
+    missing = tmp_path / "missing.yaml"
+    assert main(["status", "--config", str(missing)]) == 78
+    assert "cannot read the config" in capsys.readouterr().err
+
+
+def test_status_without_redis_says_there_is_nothing_to_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("model_list: []\nlitellm_settings: {callbacks: [litellm_ratebalance.rate_limiter]}\n")
+    assert main(["status", "--config", str(config)]) == 3
+    err = capsys.readouterr().err
+    assert "nothing to show" in err and "embedded store" in err and "--redis-url" in err
+
+
+def test_status_rejects_a_malformed_redis_url_without_echoing_the_password(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("model_list: []\n")
+    assert main(["status", "--config", str(config), "--redis-url", "http://u:topsecret@127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid Redis URL http://u:***@127.0.0.1:1 (--redis-url)" in err and "topsecret" not in err
