@@ -90,6 +90,8 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 DEFAULT_POOL_LABEL = "default"
+NOT_IN_CONFIG = "not in config"
+"""``routing_mode`` of a deployment the store has statistics for but the config does not list."""
 
 
 # -- the report (pure data) -------------------------------------------------------------------------------
@@ -477,8 +479,8 @@ def format_table(report: StatusReport) -> str:
             )
         )
         if g.deployments:
-            modes = sorted({d.routing_mode for d in g.deployments})
-            lines.append(f"  routing mode {', '.join(modes)}; in flight = leases of all replicas")
+            modes = sorted({d.routing_mode for d in g.deployments if d.routing_mode != NOT_IN_CONFIG})
+            lines.append(f"  routing mode {', '.join(modes) or '-'}; in flight = leases of all replicas")
             lines.extend(
                 _table(
                     ["deployment", "est. rate tok/s", "weight", "samples", "failures", "in flight", "conc. limit"],
@@ -778,7 +780,7 @@ async def _deployment_statuses(
                     weight=None,
                     samples=estimate.samples,
                     failures=estimate.failures,
-                    routing_mode="not in config",
+                    routing_mode=NOT_IN_CONFIG,
                     in_flight=lease.inflight,
                     reserved_tokens=lease.reserved_tokens,
                     concurrency_limit=None,
