@@ -46,8 +46,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check litellm_ratebalance tests bench
 	$(VENV)/bin/mypy
 
+# `make demo` runs on the embedded store; `make demo REPLICAS=2` adds a throwaway local redis-server and a
+# second proxy replica.
+REPLICAS ?= 1
 demo: $(STAMP)
-	$(PY) -m litellm_ratebalance.demo $(DEMO_ARGS)
+	@if [ "$(REPLICAS)" != 1 ]; then $(MAKE) --no-print-directory redis-server; fi
+	$(PY) -m litellm_ratebalance.demo --replicas $(REPLICAS) $(DEMO_ARGS)
 
 bench: $(STAMP) redis-server
 	$(PY) bench/run_all.py $(BENCH_ARGS)
