@@ -667,14 +667,14 @@ def resolve_redis(config: ProxyConfig, override: str | None = None) -> tuple[str
 
     Order: ``--redis-url``; ``ratebalance.redis_url``; the proxy's cache (``litellm_settings.cache`` with
     ``cache_params`` of type redis, LiteLLM's ``REDIS_*`` variables when it names no host); the router's
-    (``router_settings.redis_url`` / ``redis_host``). Sentinel and Cluster configs: pass ``--redis-url``.
+    (``router_settings.redis_url`` / ``redis_host``). A plain Redis only: Sentinel and Cluster are not read.
     """
     if override:
         return override, "--redis-url"
     if config.settings.ratebalance.redis_url:
         return config.settings.ratebalance.redis_url, "ratebalance.redis_url"
     params = _mapping(config.litellm_settings.get("cache_params"), "litellm_settings.cache_params")
-    if config.litellm_settings.get("cache") and params.get("type", "redis") == "redis":
+    if config.litellm_settings.get("cache") and params.get("type") == "redis":
         url = _resolve_env(params.get("url") or params.get("redis_url"))
         if isinstance(url, str) and url:
             return url, "litellm_settings.cache_params"

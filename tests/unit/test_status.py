@@ -211,6 +211,8 @@ def test_resolve_redis_follows_the_proxy_order(tmp_path: Path, monkeypatch: pyte
     assert resolve_redis(config) == ("redis://127.0.0.1:7002", "ratebalance.redis_url")
     router_only = load_proxy_config(_config(tmp_path, base.replace("cache: true", "cache: false")))
     assert resolve_redis(router_only) == ("redis://:envpw@127.0.0.1:7001", "router_settings.redis_host")
+    local_cache = base.replace("type: redis, ", "")  # LiteLLM's default cache type is local (in memory)
+    assert resolve_redis(load_proxy_config(_config(tmp_path, local_cache)))[1] == "router_settings.redis_host"
     url, reason = resolve_redis(load_proxy_config(_config(tmp_path, "model_list: []\n")))
     assert url is None and "names no Redis" in reason
 
