@@ -175,6 +175,8 @@ class _Context:
     broken: set[str] = field(default_factory=set)
     """Deployments whose ``model_info.backpressure`` is invalid (logged once; they pass unchecked)."""
     calls: dict[str, list[_Lease]] = field(default_factory=dict)
+    groups: dict[str, tuple[_Deployment | None, ...]] = field(default_factory=dict)
+    """Per model group, the deployments the last routing filter saw (``None``: one we do not manage)."""
     maintenance: asyncio.Task[None] | None = None
     last_renew: float = -math.inf
     owner: Any = None
@@ -443,6 +445,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             ]
             if all(state is None for _, state in candidates):
                 return healthy_deployments  # none of them is managed: no token counting, no decision
+            ctx.groups[model] = tuple(state for _, state in candidates)
             profile = self._profile(ctx, request_kwargs or {}, messages)
             admitted, queueable, refused = self._sort(ctx, candidates, profile)
             fresh_after = self._clock() - ctx.settings.queue.poll_interval_seconds
@@ -532,7 +535,14 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             if any(held.attempt is kwargs for held in ctx.calls.get(call_id, ())):
                 return None  # this attempt holds its slot already (the class is listed twice in callbacks)
             profile = self._profile(ctx, kwargs, kwargs.get("messages"))
-            lease = await self._admit(ctx, state, profile, call_id)
+            try:
+                lease = await self._admit(ctx, state, profile, call_id)
+            except Exception as exc:
+                if getattr(exc, _MARK, None) and not self._taken_elsewhere(ctx, state, profile):
+                    # The Router would retry this refusal on the same deployment (after a back-off, when it is
+                    # the only one): nothing else in the group would take it, so the answer is final.
+                    _litellm.forbid_router_retry(exc)
+                raise
             if lease is not None:
                 lease.attempt = kwargs
                 self._release_if_cancelled(ctx, lease)
@@ -542,6 +552,23 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 raise
             logger.exception("litellm_ratebalance backpressure: admission failed; letting the request through")
             return None
+
+    def _taken_elsewhere(self, ctx: _Context, state: _Deployment, profile: _Profile) -> bool:
+        """Whether another deployment of ``state``'s model group would take this request now (by this
+        process's view of the deployments the last routing filter saw), so that the Router's retry of a
+        refusal here can succeed. True when the group is unknown or has a deployment we do not manage."""
+        members = ctx.groups.get(state.model_group)
+        if members is None:
+            return True
+        for member in members:
+            if member is None:
+                return True
+            if member is state:
+                continue
+            verdict = self._decide(ctx, member, profile)
+            if verdict.admitted or (verdict.queueable and member.config.queue_enabled):
+                return True
+        return False
 
     def _release_if_cancelled(self, ctx: _Context, lease: _Lease) -> None:
         """A cancelled request (client gone, router timeout) gets no success or failure event from LiteLLM:
