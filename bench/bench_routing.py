@@ -184,8 +184,8 @@ async def _trace_balancer(balancer: Any, epoch: float, tag: str, every: float, e
             name = deployment_id.removeprefix(tag + "-")
             share = "-" if e.share is None else f"{e.share:.2f}"
             parts.append(
-                f"{name}: share {share} n {e.samples} fail {e.failures} mean {e.mean_rate:.0f} "
-                f"sd {e.std_rate:.0f} inflight {e.in_flight}"
+                f"{name}: share {share} n {e.samples:.1f} fail {e.failures:.1f} mean {e.mean_rate:.0f} "
+                f"sd {e.std_rate:.0f} inflight {e.in_flight} load-shift {e.load_shift:+.0f}"
             )
         mode = next(iter(estimates.values())).mode if estimates else "-"
         lines.append(f"    t={time.time() - epoch:4.1f}s [{mode}] " + " | ".join(parts))

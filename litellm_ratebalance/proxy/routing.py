@@ -23,21 +23,32 @@ import dataclasses
 import logging
 import math
 import random
+import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
+from litellm_ratebalance import metrics
 from litellm_ratebalance.proxy import _litellm
+from litellm_ratebalance.proxy.identity import metadata_value
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 from litellm_ratebalance.routing.balancer import Candidate, RateBalancer
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import RateLimitObservation, parse_reset_seconds
 from litellm_ratebalance.store.routing import RoutingStore
 
-__all__ = ["RateBalancedRouting", "RateBalancerCallback", "deployment_candidates", "rate_balancer"]
+__all__ = [
+    "ROUTING_CHOICES",
+    "ROUTING_ESTIMATED_RATE",
+    "ROUTING_WEIGHT",
+    "RateBalancedRouting",
+    "RateBalancerCallback",
+    "deployment_candidates",
+    "rate_balancer",
+]
 
 logger = logging.getLogger("litellm_ratebalance")
 
@@ -129,11 +140,65 @@ def _model_group(deployments: Sequence[Mapping[str, Any]], model: str) -> str:
     return name if isinstance(name, str) and name else model
 
 
+ROUTING_CHOICES = "routing_choices"
+ROUTING_WEIGHT = "routing_weight"
+ROUTING_ESTIMATED_RATE = "routing_estimated_rate"
+_METRIC_LABELS = ("model_group", "deployment")
+# Label values are the model group and deployment ids of the Router's model list: bounded by the config.
+_choices = metrics.counter(ROUTING_CHOICES, "Requests the rate balancer sent to each deployment", _METRIC_LABELS)
+_weight = metrics.gauge(
+    ROUTING_WEIGHT,
+    "Current choice probability of each deployment among its model group's healthy ones",
+    _METRIC_LABELS,
+)
+_estimated_rate = metrics.gauge(
+    ROUTING_ESTIMATED_RATE,
+    "Estimated effective token rate of each deployment (recency-weighted mean of the window, tokens/s)",
+    _METRIC_LABELS,
+)
+_gauges_updated: dict[str, float] = {}
+
+
+def _export(balancer: RateBalancer, model_group: str, candidates: Sequence[Candidate], index: int) -> None:
+    """Count the pick; refresh the weight / rate gauges of the group at most once per refresh interval."""
+    _choices.labels(model_group, candidates[index].id).inc()
+    now = time.monotonic()
+    if now - _gauges_updated.get(model_group, float("-inf")) < balancer.settings.refresh_interval:
+        return
+    _gauges_updated[model_group] = now
+    for deployment_id, estimate in balancer.estimates(model_group, candidates).items():
+        _weight.labels(model_group, deployment_id).set(estimate.share or 0.0)
+        _estimated_rate.labels(model_group, deployment_id).set(estimate.mean_rate)
+
+
 def _pick(balancer: RateBalancer, model: str, deployments: Sequence[Mapping[str, Any]]) -> int | None:
     candidates = deployment_candidates(deployments)
     if candidates is None:
         return None
-    return balancer.choose(_model_group(deployments, model), candidates)
+    model_group = _model_group(deployments, model)
+    index = balancer.choose(model_group, candidates)
+    _export(balancer, model_group, candidates, index)
+    return index
+
+
+_D = TypeVar("_D", bound=Mapping[str, Any])
+
+
+def _backpressure_available(deployments: Sequence[_D], request_kwargs: Mapping[str, Any] | None) -> Sequence[_D]:
+    """``deployments`` without those the backpressure callback would refuse now (at their concurrency limit,
+    or shedding this request's priority tier); all of them when every one would refuse (backpressure then
+    answers with its own 429/503) or when the backpressure callback is not loaded in this process."""
+    module = sys.modules.get("litellm_ratebalance.proxy.backpressure")
+    if module is None:
+        return deployments  # never imported: not configured, nothing to consult
+    gate = module.backpressure
+    priority = metadata_value(_litellm.request_auth(request_kwargs or {}), "priority")
+    available = [
+        d
+        for d in deployments
+        if (deployment_id := _deployment_id(d)) is None or gate.deployment_available(deployment_id, priority)
+    ]
+    return available if available else deployments
 
 
 def _rate_limits(headers: object) -> RateLimitObservation | None:
@@ -266,8 +331,9 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
             pool = _litellm.narrow_like_router(healthy_deployments, request_kwargs)
             if not pool:
                 return healthy_deployments  # the Router raises its own "no deployments" error
-            index = _pick(self.balancer(), model, pool)
-            return healthy_deployments if index is None else [pool[index]]
+            available = _backpressure_available(pool, request_kwargs)
+            index = _pick(self.balancer(), model, available)
+            return healthy_deployments if index is None else [available[index]]
         except Exception:
             _log_hook_error("async_filter_deployments")
             return healthy_deployments
@@ -378,7 +444,10 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         if isinstance(healthy, dict):
             return healthy  # a specific deployment was asked for
         try:
-            index = _pick(self.balancer(), model, healthy)
+            pool = _backpressure_available(healthy, request_kwargs)
+            index = _pick(self.balancer(), model, pool)
+            if index is not None:
+                return pool[index]  # type: ignore[no-any-return]
         except Exception:
             _log_hook_error("RateBalancedRouting.async_get_available_deployment")
             index = None

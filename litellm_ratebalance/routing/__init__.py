@@ -11,7 +11,7 @@ The LiteLLM adapters (the ``rate_balancer`` callback, :class:`RateBalancedRoutin
 
 from __future__ import annotations
 
-from litellm_ratebalance.routing.balancer import Candidate, DeploymentEstimate, RateBalancer
+from litellm_ratebalance.routing.balancer import Candidate, DeploymentEstimate, RateBalancer, routing_status
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import RateAggregate, RateLimitObservation
 
@@ -22,4 +22,5 @@ __all__ = [
     "RateBalancer",
     "RateLimitObservation",
     "RoutingSettings",
+    "routing_status",
 ]

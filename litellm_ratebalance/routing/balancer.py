@@ -31,18 +31,20 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import (
     DeploymentState,
+    LoadFit,
     RateAggregate,
     RateLimitObservation,
     Shares,
     compute_shares,
     effective_rate,
     headroom_multiplier,
+    recency_weight,
 )
 
 if TYPE_CHECKING:
     from litellm_ratebalance.store.routing import RoutingSnapshot, RoutingStore
 
-__all__ = ["Candidate", "DeploymentEstimate", "RateBalancer"]
+__all__ = ["Candidate", "DeploymentEstimate", "RateBalancer", "routing_status"]
 
 logger = logging.getLogger("litellm_ratebalance")
 
@@ -51,6 +53,8 @@ _USAGE_WINDOW_MS = 60_000
 _MAX_IN_FLIGHT = 4096
 _MAX_CACHED_SETS = 64
 _MAX_STALL_SCAN = 1024
+_MAX_OVERDUE_SAMPLES = 32
+"""In-flight requests per deployment turned into overdue samples at a decision (the oldest ones)."""
 
 
 class Candidate(NamedTuple):
@@ -73,26 +77,39 @@ class DeploymentEstimate:
     """Choice probability among the candidate set asked about (None when not a candidate)."""
     probability: float | None
     """Estimated probability of beating the SLA (None in bootstrap / round-robin mode)."""
-    samples: int
-    failures: int
+    samples: float
+    """Samples in the window, recency-weighted when ``sample_half_life_seconds`` is on (so not whole)."""
+    failures: float
     mean_rate: float
     std_rate: float
     mean_latency: float | None
     mean_ttft: float | None
-    recent_attempts: int
-    recent_failures: int
-    tokens_last_minute: int
-    requests_last_minute: int
+    recent_attempts: float
+    recent_failures: float
+    tokens_last_minute: float
+    requests_last_minute: float
     capacity: float
     in_flight: int
     mode: str
     sla: float | None
+    load_shift: float = 0.0
+    """Expected rate change (tokens/s) at the current load from this replica's load fit (``load_aware``)."""
 
 
 class _Derived:
     """What a sync leaves for the decisions until the next one."""
 
-    __slots__ = ("failure_weights", "now_ms", "recent", "stall_after", "usage", "window", "window_full")
+    __slots__ = (
+        "expected",
+        "failure_weights",
+        "now_ms",
+        "pooled_expected",
+        "recent",
+        "stall_after",
+        "usage",
+        "window",
+        "window_full",
+    )
 
     def __init__(self) -> None:
         self.now_ms = 0
@@ -105,6 +122,10 @@ class _Derived:
         self.usage: dict[str, RateAggregate] = {}
         self.stall_after: dict[str, float] = {}
         """Per deployment: seconds in flight after which a request counts as stalled."""
+        self.expected: dict[str, tuple[float, float]] = {}
+        """Per deployment: (mean latency s, mean work = latency x rate, tokens) of its successful samples."""
+        self.pooled_expected: tuple[float, float] | None = None
+        """The same over every deployment's samples (for one without successful samples yet)."""
 
 
 class _GroupView:
@@ -116,6 +137,7 @@ class _GroupView:
         "in_flight",
         "last_sync",
         "limits",
+        "loads",
         "offset",
         "pending",
         "pending_limits",
@@ -138,8 +160,10 @@ class _GroupView:
         self.pending_since: float | None = None
         self.in_flight: dict[str, deque[float]] = {}
         self.ratios: dict[str, float] = {}
+        self.loads: dict[str, LoadFit] = {}
+        """Per deployment: this replica's fit of rate against load (``load_aware``)."""
         self.derived = _Derived()
-        self.cache: dict[tuple[Candidate, ...], Shares] = {}
+        self.cache: dict[tuple[Candidate, ...], tuple[Shares, tuple[DeploymentState, ...]]] = {}
 
 
 class RateBalancer:
@@ -180,6 +204,11 @@ class RateBalancer:
         self._last_error_log = float("-inf")
         # Longer than LiteLLM's default request timeout (600 s): a request still unreported then was lost.
         self._max_in_flight_age = max(float(s.window_seconds), 900.0)
+        self._sample_half_life_ms = s.effective_sample_half_life * 1000.0
+        self._track_in_flight = s.stall_latency_factor > 0 or s.in_flight_evidence or s.load_aware
+        # How a deployment's rate depends on its load is a property of its capacity, which changes slower than
+        # its rate: the fit fades over a whole window.
+        self._load_half_life = float(s.window_seconds)
 
     # -- request path ---------------------------------------------------------------------------------
     def choose(self, model_group: str, candidates: Sequence[Candidate]) -> int:
@@ -201,7 +230,7 @@ class RateBalancer:
         chosen = candidates[index]
         if chosen.input_to_output_ratio is not None:
             view.ratios[chosen.id] = chosen.input_to_output_ratio
-        if self.settings.stall_latency_factor > 0:
+        if self._track_in_flight:
             queue = view.in_flight.get(chosen.id)
             if queue is None:
                 queue = view.in_flight[chosen.id] = deque(maxlen=_MAX_IN_FLIGHT)
@@ -231,15 +260,27 @@ class RateBalancer:
         now = self._clock()
         view = self._view(model_group)
         queue = view.in_flight.get(deployment_id)
+        load = len(queue) if queue else 1
         if queue:
             # Requests do not finish in order; the oldest start is the one whose age misleads most.
             queue.popleft()
         ratio = self.settings.ratio_for(model_group, input_to_output_ratio or view.ratios.get(deployment_id))
         rate = effective_rate(output_tokens, input_tokens, latency, ratio) if ok else 0.0
+        sample = RateAggregate()
+        sample.add(rate, ok=ok, latency=latency, tokens=input_tokens + output_tokens, ttft=ttft)
         aggregate = view.pending.get(deployment_id)
         if aggregate is None:
-            aggregate = view.pending[deployment_id] = RateAggregate()
-        aggregate.add(rate, ok=ok, latency=latency, tokens=input_tokens + output_tokens, ttft=ttft)
+            view.pending[deployment_id] = sample.copy()
+        else:
+            aggregate.merge(sample)
+        # The local view sees its own sample at once (the shared one at the next sync): a deployment has
+        # samples as soon as one of its requests finished here, and a failure counts from this moment.
+        self._add_local(view, deployment_id, sample)
+        if ok and self.settings.load_aware and rate > 0.0:
+            fit = view.loads.get(deployment_id)
+            if fit is None:
+                fit = view.loads[deployment_id] = LoadFit()
+            fit.add(now, float(load), rate, self._load_half_life)
         if rate_limits is not None:
             view.pending_limits[deployment_id] = rate_limits
         if view.pending_since is None:
@@ -303,6 +344,7 @@ class RateBalancer:
                 in_flight=len(view.in_flight.get(c.id, ())),
                 mode=shares.mode,
                 sla=shares.sla,
+                load_shift=self._load_shift(view, c.id),
             )
         return out
 
@@ -436,12 +478,43 @@ class RateBalancer:
             del view.buckets[index]
         view.limits = snapshot.limits
         view.derived = self._derive(view.buckets, snapshot.now_ms)
+        # Samples recorded while this sync was in flight are not in the snapshot yet: keep them in the view.
+        for deployment_id, pending in view.pending.items():
+            self._add_local(view, deployment_id, pending)
         view.cache.clear()
+
+    def _add_local(self, view: _GroupView, deployment_id: str, sample: RateAggregate) -> None:
+        """Count a sample of this replica in the local view until a sync brings it back from the store."""
+        derived = view.derived
+        _add_to(derived.window_full, deployment_id, sample)
+        if derived.window is not derived.window_full:
+            _add_to(derived.window, deployment_id, sample)
+        _add_to(derived.recent, deployment_id, sample)
+        _add_to(derived.usage, deployment_id, sample)
+        attempts, failures = derived.failure_weights.get(deployment_id, (0.0, 0.0))
+        derived.failure_weights[deployment_id] = (attempts + sample.count, failures + sample.failures)
+        if deployment_id not in derived.expected:
+            self._set_expected(derived, deployment_id)
+        view.cache.clear()
+
+    def _set_expected(self, derived: _Derived, deployment_id: str) -> None:
+        window = derived.window_full.get(deployment_id)
+        latency = window.mean_ok_latency if window is not None else None
+        rate = window.mean_ok_rate if window is not None else None
+        if latency is not None and rate is not None:
+            derived.expected[deployment_id] = (latency, latency * rate)
+        if derived.pooled_expected is None and latency is not None and rate is not None:
+            derived.pooled_expected = (latency, latency * rate)
+        stall = self.settings.stall_min_seconds
+        if latency is not None:
+            stall = max(stall, self.settings.stall_latency_factor * latency)
+        derived.stall_after[deployment_id] = stall
 
     def _derive(self, buckets: Mapping[int, Mapping[str, RateAggregate]], now_ms: int) -> _Derived:
         """Window, recent and usage aggregates per deployment as of store time ``now_ms``.
 
-        A bucket belongs to a window of length W when it ends after ``now - W``.
+        A bucket belongs to a window of length W when it ends after ``now - W``. In the window a bucket's
+        samples count ``recency_weight(age of its middle)``; usage (for tpm / rpm) counts them fully.
         """
         derived = _Derived()
         derived.now_ms = now_ms
@@ -449,6 +522,7 @@ class RateBalancer:
         adaptive = self.settings.adaptive_window
         min_samples = self.settings.adaptive_min_samples
         half_life_ms = self.settings.failure_half_life_seconds * 1000.0
+        sample_half_life_ms = self._sample_half_life_ms
         for index in sorted(buckets, reverse=True):  # newest first, for the adaptive window
             end = (index + 1) * width
             in_window = end > now_ms - self._window_ms
@@ -456,18 +530,20 @@ class RateBalancer:
             in_usage = end > now_ms - _USAGE_WINDOW_MS
             if not (in_window or in_recent or in_usage):
                 continue
+            age_ms = max(now_ms - (end - width / 2), 0.0)
             decay = 1.0
             if half_life_ms > 0:
                 # Age of the bucket's middle: the newest failures count most, so a deployment that starts
                 # failing loses its share within a few half-lives, not after the whole failure window.
-                decay = 0.5 ** (max(now_ms - (end - width / 2), 0.0) / half_life_ms)
+                decay = 0.5 ** (age_ms / half_life_ms)
+            weight = recency_weight(age_ms, sample_half_life_ms)
             for deployment_id, agg in buckets[index].items():
                 if in_window:
-                    _add_to(derived.window_full, deployment_id, agg)
+                    _add_to(derived.window_full, deployment_id, agg, weight)
                     if adaptive:
                         chosen = derived.window.get(deployment_id)
                         if chosen is None or chosen.count < min_samples:
-                            _add_to(derived.window, deployment_id, agg)
+                            _add_to(derived.window, deployment_id, agg, weight)
                 if in_recent:
                     _add_to(derived.recent, deployment_id, agg)
                     attempts, failures = derived.failure_weights.get(deployment_id, (0.0, 0.0))
@@ -479,78 +555,136 @@ class RateBalancer:
                     _add_to(derived.usage, deployment_id, agg)
         if not adaptive:
             derived.window = derived.window_full
-        s = self.settings
+        latency_sum = work_sum = ok_sum = 0.0
         for deployment_id, agg in derived.window_full.items():
-            latency = agg.mean_ok_latency
-            stall = s.stall_min_seconds
-            if latency is not None:
-                stall = max(stall, s.stall_latency_factor * latency)
-            derived.stall_after[deployment_id] = stall
+            self._set_expected(derived, deployment_id)
+            ok = agg.count - agg.failures
+            if deployment_id in derived.expected and ok > 0:
+                latency, work = derived.expected[deployment_id]
+                latency_sum += ok * latency
+                work_sum += ok * work
+                ok_sum += ok
+        derived.pooled_expected = (latency_sum / ok_sum, work_sum / ok_sum) if ok_sum > 0 else None
         return derived
 
     # -- shares ---------------------------------------------------------------------------------------
     def _shares(self, view: _GroupView, candidates: Sequence[Candidate], now: float) -> Shares:
+        """Shares of a candidate set now: the cached ones of this sync, adjusted for what the requests in
+        flight here show (stalls, overdue requests, load) when there are any."""
         key = tuple(candidates)
-        shares = view.cache.get(key)
-        if shares is None:
-            shares = self._compute(view, candidates, None)
+        cached = view.cache.get(key)
+        if cached is None:
+            cached = self._compute(view, candidates)
             if len(view.cache) >= _MAX_CACHED_SETS:
                 view.cache.clear()
-            view.cache[key] = shares
-        if view.in_flight and self.settings.stall_latency_factor > 0:
-            stalled = self._stalled(view, candidates, now)
-            if stalled is not None:
-                return self._compute(view, candidates, stalled)
-        return shares
+            view.cache[key] = cached
+        shares, states = cached
+        if not view.in_flight and not view.loads:
+            return shares
+        live = self._live_states(view, candidates, states, now)
+        if live is None:
+            return shares
+        s = self.settings
+        return compute_shares(
+            live,
+            greediness=s.greediness,
+            estimator=s.estimator,
+            exploration_share=s.exploration_share,
+            failure_penalty=s.failure_penalty,
+            prior_samples=s.prior_samples,
+            # The SLA comes from finished samples only (unchanged since the sync); in bootstrap mode overdue
+            # samples may complete the set, and then the SLA is computed from them too.
+            sla=shares.sla if shares.mode == "weighted" else None,
+        )
 
-    def _stalled(self, view: _GroupView, candidates: Sequence[Candidate], now: float) -> list[int] | None:
-        """Per candidate, how many of its requests in flight look stalled; None when none does (fast path)."""
-        found: list[int] | None = None
-        stall_after = view.derived.stall_after
-        default = self.settings.stall_min_seconds
+    def _live_states(
+        self, view: _GroupView, candidates: Sequence[Candidate], states: Sequence[DeploymentState], now: float
+    ) -> list[DeploymentState] | None:
+        """``states`` with this replica's in-flight evidence added; None when it changes nothing (fast path).
+
+        Per candidate: requests in flight longer than ``stall_after`` count as failures happening now
+        (stall detection); with ``in_flight_evidence`` each request in flight longer than the deployment's
+        mean latency is a sample of rate ``mean work / age`` (the most it can still achieve); with
+        ``load_aware`` the estimate moves to the current load (:class:`LoadFit`). O(candidates) plus at most
+        :data:`_MAX_OVERDUE_SAMPLES` requests per candidate.
+        """
+        s = self.settings
+        derived = view.derived
+        stall_on = s.stall_latency_factor > 0
+        evidence_on = s.in_flight_evidence
+        loads = view.loads if s.load_aware else None
+        default_stall = s.stall_min_seconds
+        forgotten = now - self._max_in_flight_age
+        out: list[DeploymentState] | None = None
         for i, c in enumerate(candidates):
             queue = view.in_flight.get(c.id)
-            if not queue:
-                continue
             # A pick whose call never reported back (dropped after routing) must not count for ever.
-            forgotten = now - self._max_in_flight_age
             while queue and queue[0] < forgotten:
                 queue.popleft()
-            if not queue:
+            shift = 0.0
+            if loads is not None:
+                fit = loads.get(c.id)
+                if fit is not None:
+                    shift = fit.shift(float(len(queue) + 1 if queue else 1), states[i].window.mean)
+            stalled = 0
+            overdue: RateAggregate | None = None
+            if queue:
+                if stall_on:
+                    limit = now - derived.stall_after.get(c.id, default_stall)
+                    if queue[0] <= limit:
+                        for started in queue:
+                            if started > limit or stalled >= _MAX_STALL_SCAN:
+                                break
+                            stalled += 1
+                expected = derived.expected.get(c.id) or derived.pooled_expected if evidence_on else None
+                if expected is not None and queue[0] < now - expected[0]:
+                    latency, work = expected
+                    overdue = states[i].window.copy()
+                    for n, started in enumerate(queue):
+                        age = now - started
+                        if age <= latency or n >= _MAX_OVERDUE_SAMPLES:
+                            break
+                        overdue.add(work / age, latency=age)
+            if shift == 0.0 and stalled == 0 and overdue is None:
                 continue
-            limit = now - stall_after.get(c.id, default)
-            if queue[0] > limit:
-                continue
-            if found is None:
-                found = [0] * len(candidates)
-            count = 0
-            for started in queue:
-                if started > limit or count >= _MAX_STALL_SCAN:
-                    break
-                count += 1
-            found[i] = count
-        return found
+            if out is None:
+                out = list(states)
+            state = states[i]
+            out[i] = DeploymentState(
+                window=overdue if overdue is not None else state.window,
+                # A stalled request is a failure happening now: full weight.
+                recent_attempts=state.recent_attempts + stalled,
+                recent_failures=state.recent_failures + stalled,
+                capacity=state.capacity,
+                load_shift=shift,
+            )
+        return out
 
-    def _compute(self, view: _GroupView, candidates: Sequence[Candidate], stalled: Sequence[int] | None) -> Shares:
+    def _load_shift(self, view: _GroupView, deployment_id: str) -> float:
+        fit = view.loads.get(deployment_id) if self.settings.load_aware else None
+        if fit is None:
+            return 0.0
+        queue = view.in_flight.get(deployment_id)
+        window = view.derived.window.get(deployment_id)
+        return fit.shift(float(len(queue) + 1 if queue else 1), window.mean if window is not None else 0.0)
+
+    def _compute(self, view: _GroupView, candidates: Sequence[Candidate]) -> tuple[Shares, tuple[DeploymentState, ...]]:
         derived = view.derived
         empty = RateAggregate()
         states: list[DeploymentState] = []
         # (recent counts of the failure penalty are age-weighted, see _derive)
-        for i, c in enumerate(candidates):
-            window = derived.window.get(c.id, empty)
+        for c in candidates:
             attempts, failures = derived.failure_weights.get(c.id, (0.0, 0.0))
-            # A stalled request is a failure happening now: full weight.
-            extra = stalled[i] if stalled is not None else 0
             states.append(
                 DeploymentState(
-                    window=window,
-                    recent_attempts=attempts + extra,
-                    recent_failures=failures + extra,
+                    window=derived.window.get(c.id, empty),
+                    recent_attempts=attempts,
+                    recent_failures=failures,
                     capacity=self._capacity(view, c),
                 )
             )
         s = self.settings
-        return compute_shares(
+        shares = compute_shares(
             states,
             greediness=s.greediness,
             estimator=s.estimator,
@@ -558,6 +692,7 @@ class RateBalancer:
             failure_penalty=s.failure_penalty,
             prior_samples=s.prior_samples,
         )
+        return shares, tuple(states)
 
     def _capacity(self, view: _GroupView, candidate: Candidate) -> float:
         headroom = self.settings.rate_limit_headroom
@@ -606,9 +741,31 @@ class RateBalancer:
         return [Candidate(d, view.ratios.get(d)) for d in sorted(known)]
 
 
-def _add_to(target: dict[str, RateAggregate], deployment_id: str, agg: RateAggregate) -> None:
+def _add_to(target: dict[str, RateAggregate], deployment_id: str, agg: RateAggregate, weight: float = 1.0) -> None:
     existing = target.get(deployment_id)
     if existing is None:
-        target[deployment_id] = agg.copy()
-    else:
-        existing.merge(agg)
+        existing = target[deployment_id] = RateAggregate()
+    existing.merge_scaled(agg, weight)
+
+
+async def routing_status(
+    store: RoutingStore,
+    settings: RoutingSettings,
+    model_group: str,
+    deployments: Sequence[str | Candidate],
+) -> list[DeploymentEstimate]:
+    """What routing currently believes about ``deployments`` of ``model_group``, read from the store alone.
+
+    For the ``status`` command and dashboards: no live Router and no proxy needed. One read of the shared
+    statistics (nothing is written), then per deployment, in the order given: estimated rate (``mean_rate``,
+    ``std_rate``, recency-weighted as routing uses them), ``samples``, failures, and ``share``, the choice
+    probability among exactly these deployments computed as routing computes it from the shared view
+    (rate-limit headers included; configured tpm / rpm only when passed as :class:`Candidate`). What only a
+    serving replica knows (its requests in flight, its load fit) is not part of it, so a replica's live
+    weights can differ while requests are in flight there.
+    """
+    balancer = RateBalancer(store, settings)
+    await balancer.refresh(model_group)
+    candidates = [d if isinstance(d, Candidate) else Candidate(str(d)) for d in deployments]
+    estimates = balancer.estimates(model_group, candidates)
+    return [estimates[c.id] for c in candidates]

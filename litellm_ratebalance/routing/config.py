@@ -76,6 +76,20 @@ class RoutingSettings(SettingsModel):
     """A request in flight longer than this many times the deployment's mean latency (and at least
     ``stall_min_seconds``) counts as a recent failure until it finishes. 0 disables stall detection."""
     stall_min_seconds: Annotated[float, Field(ge=0.1, le=3600.0)] = 5.0
+    sample_half_life_seconds: Annotated[float, Field(ge=0.0, le=_WINDOW_LIMIT)] | None = None
+    """Recency weighting inside the window: a bucket's samples count ``0.5 ** (age / half-life)`` in the
+    estimates and in the pooled SLA, so a deployment whose rate changed is judged mostly on its new
+    samples instead of waiting for the old ones to leave the window. Default: ``window_seconds / 4``
+    (30 s for the default window); 0: every sample in the window counts fully (the proposal)."""
+    in_flight_evidence: bool = True
+    """A request in flight longer than its deployment's mean latency counts, until it finishes, as a sample
+    of rate ``typical work / age`` (an upper bound of its rate): a slowed-down or stalled deployment loses
+    share before its slow answers arrive, and a deployment whose first requests are still running counts
+    as having samples (bootstrap ends sooner)."""
+    load_aware: bool = True
+    """Fit each deployment's rate against its load (this replica's requests in flight) and correct the
+    estimate at the current load (:class:`~litellm_ratebalance.routing.estimator.LoadFit`): a deployment
+    with few slots is not piled onto. Only a clearly falling rate counts."""
     adaptive_window: bool = False
     """Use, per deployment, only its newest buckets that hold ``adaptive_min_samples`` samples (at most
     ``window_seconds``): busy deployments are judged on recent samples, quiet ones keep their history."""
@@ -126,6 +140,13 @@ class RoutingSettings(SettingsModel):
         if self.bucket_seconds is not None:
             return self.bucket_seconds
         return max(1, self.window_seconds // 60)
+
+    @property
+    def effective_sample_half_life(self) -> float:
+        """``sample_half_life_seconds``, or its default ``window_seconds / 4``; 0 means no recency weighting."""
+        if self.sample_half_life_seconds is not None:
+            return self.sample_half_life_seconds
+        return self.window_seconds / 4.0
 
     @property
     def round_robin(self) -> bool:

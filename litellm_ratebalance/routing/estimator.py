@@ -48,6 +48,7 @@ __all__ = [
     "RATE_FLOOR",
     "DeploymentState",
     "EstimatorName",
+    "LoadFit",
     "RateAggregate",
     "RateLimitObservation",
     "Shares",
@@ -60,6 +61,7 @@ __all__ = [
     "parse_reset_seconds",
     "pooled_percentile",
     "probability_above",
+    "recency_weight",
 ]
 
 EstimatorName = Literal["normal", "empirical"]
@@ -118,18 +120,18 @@ class RateAggregate:
 
     def __init__(
         self,
-        count: int = 0,
-        failures: int = 0,
+        count: float = 0,
+        failures: float = 0,
         rate_sum: float = 0.0,
         rate_sq_sum: float = 0.0,
         ok_latency_sum: float = 0.0,
-        tokens: int = 0,
+        tokens: float = 0,
         ttft_sum: float = 0.0,
-        ttft_count: int = 0,
-        bins: Mapping[int, int] | None = None,
+        ttft_count: float = 0,
+        bins: Mapping[int, float] | None = None,
     ) -> None:
         self.count = count
-        """Samples, failures included."""
+        """Samples, failures included (whole numbers, except in a recency-weighted window)."""
         self.failures = failures
         self.rate_sum = rate_sum
         self.rate_sq_sum = rate_sq_sum
@@ -139,7 +141,7 @@ class RateAggregate:
         """Input + output tokens (for configured tpm)."""
         self.ttft_sum = ttft_sum
         self.ttft_count = ttft_count
-        self.bins: dict[int, int] = dict(bins) if bins else {}
+        self.bins: dict[int, float] = dict(bins) if bins else {}
 
     def add(
         self, rate: float, *, ok: bool = True, latency: float = 0.0, tokens: int = 0, ttft: float | None = None
@@ -175,6 +177,23 @@ class RateAggregate:
         for index, n in other.bins.items():
             bins[index] = bins.get(index, 0) + n
 
+    def merge_scaled(self, other: RateAggregate, factor: float) -> None:
+        """Add ``other``'s samples, each counting ``factor`` (a recency weight in 0..1)."""
+        if factor == 1.0:
+            self.merge(other)
+            return
+        self.count += factor * other.count
+        self.failures += factor * other.failures
+        self.rate_sum += factor * other.rate_sum
+        self.rate_sq_sum += factor * other.rate_sq_sum
+        self.ok_latency_sum += factor * other.ok_latency_sum
+        self.tokens += factor * other.tokens
+        self.ttft_sum += factor * other.ttft_sum
+        self.ttft_count += factor * other.ttft_count
+        bins = self.bins
+        for index, n in other.bins.items():
+            bins[index] = bins.get(index, 0) + factor * n
+
     def copy(self) -> RateAggregate:
         return RateAggregate(
             self.count,
@@ -201,9 +220,15 @@ class RateAggregate:
         return math.sqrt(max(self.rate_sq_sum / self.count - mean * mean, 0.0))
 
     @property
+    def mean_ok_rate(self) -> float | None:
+        """Mean rate of the successful samples."""
+        ok = self.count - self.failures
+        return self.rate_sum / ok if ok > 1e-9 else None
+
+    @property
     def mean_ok_latency(self) -> float | None:
         ok = self.count - self.failures
-        return self.ok_latency_sum / ok if ok > 0 else None
+        return self.ok_latency_sum / ok if ok > 1e-9 else None
 
     @property
     def mean_ttft(self) -> float | None:
@@ -292,18 +317,18 @@ def pooled_percentile(aggregates: Iterable[RateAggregate], q: float) -> float:
     Rank as numpy's default (``h = q * (n - 1)``); inside a bin the value is interpolated on a log scale
     (bin 0 is rate 0). Raises ValueError when there are no samples.
     """
-    merged: dict[int, int] = {}
+    merged: dict[int, float] = {}
     for aggregate in aggregates:
         for index, n in aggregate.bins.items():
             merged[index] = merged.get(index, 0) + n
     return _quantile_of_bins(merged, q)
 
 
-def _quantile_of_bins(bins: Mapping[int, int], q: float) -> float:
+def _quantile_of_bins(bins: Mapping[int, float], q: float) -> float:
     total = sum(bins.values())
     if total <= 0:
         raise ValueError("no samples")
-    rank = q * (total - 1)
+    rank = q * max(total - 1, 0.0)
     low = math.floor(rank)
     fraction = rank - low
     ordered = sorted(bins.items())
@@ -313,27 +338,34 @@ def _quantile_of_bins(bins: Mapping[int, int], q: float) -> float:
     return value_low + fraction * (_order_statistic(ordered, min(low + 1, total - 1)) - value_low)
 
 
-def _order_statistic(ordered: Sequence[tuple[int, int]], k: int) -> float:
+def _order_statistic(ordered: Sequence[tuple[int, float]], k: float) -> float:
     """Value of the k-th smallest sample (0-based): the n samples of a bin sit at the midpoints of n equal
     log-slices of it; bin 0 samples are 0."""
-    seen = 0
+    seen = 0.0
     for index, n in ordered:
         if k < seen + n:
             if index == 0:
                 return 0.0
             lower, upper = bin_bounds(index)
-            return float(lower * (upper / lower) ** ((k - seen + 0.5) / n))
+            # (clamped: with recency-weighted, fractional counts the slice may run past the bin)
+            position = min(max((k - seen + 0.5) / n, 0.0), 1.0)
+            return float(lower * (upper / lower) ** position)
         seen += n
     return bin_bounds(ordered[-1][0])[1]
 
 
-def probability_above(aggregate: RateAggregate, sla: float, estimator: EstimatorName) -> float:
-    """Estimated probability that a request to this deployment beats rate ``sla`` (0 with no samples)."""
+def probability_above(aggregate: RateAggregate, sla: float, estimator: EstimatorName, shift: float = 0.0) -> float:
+    """Estimated probability that a request to this deployment beats rate ``sla`` (0 with no samples).
+
+    ``shift`` moves the deployment's rate distribution (tokens/s; the load correction, see
+    :class:`LoadFit`): the normal fit's mean moves by it, the empirical estimator compares its samples with
+    ``sla - shift``.
+    """
     if aggregate.count <= 0:
         return 0.0
     if estimator == "empirical":
-        return _share_above(aggregate, sla)
-    mean = aggregate.mean
+        return _share_above(aggregate, max(sla - shift, 0.0))
+    mean = aggregate.mean + shift
     std = aggregate.std
     if std <= 1e-12 * max(1.0, abs(mean)):
         # Identical samples: the normal fit degenerates to a point mass at the mean.
@@ -386,6 +418,9 @@ class DeploymentState:
     recent_failures: float = 0.0
     capacity: float = 1.0
     """Headroom multiplier from rate-limit headers and configured tpm/rpm, 0..1."""
+    load_shift: float = 0.0
+    """Expected change of the deployment's rate (tokens/s) at its current load against the load its samples
+    were taken at (:meth:`LoadFit.shift`); 0 without load awareness."""
 
 
 Mode = Literal["round_robin", "bootstrap", "weighted"]
@@ -411,10 +446,13 @@ def compute_shares(
     failure_penalty: float = 0.0,
     prior_samples: float = 0.0,
     round_robin: bool = False,
+    sla: float | None = None,
 ) -> Shares:
     """Choice probabilities of the candidates ``states`` (see the module docstring for the rules).
 
     ``round_robin`` (window 0) and ``greediness == 0`` give exactly equal shares, as the proposal defines.
+    ``sla``: the pooled percentile when the caller already has it (it depends on the windows only, so the
+    balancer computes it once per sync and candidate set); computed from ``states`` when None.
     """
     n = len(states)
     if n == 0:
@@ -422,14 +460,15 @@ def compute_shares(
     if round_robin or greediness <= 0.0:
         return Shares((1.0 / n,) * n, "round_robin", None, (1.0,) * n)
     mode: Mode
-    sla: float | None = None
     if any(state.window.count <= 0 for state in states):
         mode = "bootstrap"
+        sla = None
         probabilities = [1.0] * n
     else:
         mode = "weighted"
-        sla = pooled_percentile((state.window for state in states), greediness)
-        probabilities = [probability_above(state.window, sla, estimator) for state in states]
+        if sla is None:
+            sla = pooled_percentile((state.window for state in states), greediness)
+        probabilities = [probability_above(state.window, sla, estimator, state.load_shift) for state in states]
         if prior_samples > 0:
             # A few samples say little: pull the estimate toward the share of all samples above the SLA
             # (1 - greediness) as if prior_samples typical samples were added, so a quiet deployment is
@@ -459,3 +498,55 @@ def compute_shares(
         shares = [1.0] * n
         total = float(n)
     return Shares(tuple(s / total for s in shares), mode, sla, tuple(probabilities))
+
+
+def recency_weight(age_seconds: float, half_life_seconds: float) -> float:
+    """``0.5 ** (age / half-life)``: how much a sample of that age counts; 1 when the half-life is 0 (off)."""
+    if half_life_seconds <= 0.0:
+        return 1.0
+    return float(0.5 ** (max(age_seconds, 0.0) / half_life_seconds))
+
+
+class LoadFit:
+    """A deployment's recency-weighted peak throughput: the most tokens/s it was seen to deliver over all the
+    requests it had in flight, ``max(load x rate)`` over its successful samples (``load`` = requests in flight
+    there when the sample finished, itself included; times are explicit, no clock).
+
+    A deployment with ``c`` slots at ``r`` tokens/s each peaks at about ``c x r``: at a load above ``c`` each
+    request gets ``peak / load``. :meth:`shift` is how far that is below the deployment's mean rate (never
+    above it), so a deployment with few slots is not piled onto, and one with many is not held back once it
+    has been seen busy. At a load above any seen so far the prediction is mildly pessimistic
+    (``seen / (seen + 1)``), which the next sample at that load corrects. The peak fades with
+    ``half_life_seconds`` so a lost capacity is noticed.
+    """
+
+    __slots__ = ("last", "peak", "samples")
+
+    MIN_SAMPLES = 3
+    """Samples before the peak says anything."""
+
+    def __init__(self) -> None:
+        self.peak = 0.0
+        self.samples = 0
+        self.last = float("-inf")
+
+    def add(self, now: float, load: float, rate: float, half_life_seconds: float) -> None:
+        if half_life_seconds > 0.0 and self.samples and now > self.last:
+            self.peak *= 0.5 ** ((now - self.last) / half_life_seconds)
+        self.last = max(self.last, now)
+        self.samples += 1
+        self.peak = max(self.peak, load * rate)
+
+    def expected_rate(self, load: float) -> float | None:
+        """Rate one request is expected to get at ``load`` requests in flight, from the peak (None: too few
+        samples)."""
+        if self.samples < self.MIN_SAMPLES or load <= 0:
+            return None
+        return self.peak / load
+
+    def shift(self, load: float, mean_rate: float) -> float:
+        """``expected_rate(load) - mean_rate`` when that is negative, else 0."""
+        expected = self.expected_rate(load)
+        if expected is None:
+            return 0.0
+        return min(0.0, expected - mean_rate)

@@ -73,7 +73,8 @@ async def settle(balancer: RateBalancer, ids: tuple[str, ...], calls: int) -> di
     for _ in range(100):
         await balancer.refresh("g")
         estimates = balancer.estimates("g", candidates)
-        if sum(e.samples for e in estimates.values()) >= calls:
+        # (usage of the last minute: every sample counts fully there, unlike the recency-weighted window)
+        if sum(e.requests_last_minute for e in estimates.values()) >= calls:
             return estimates
         await asyncio.sleep(0.02)
     raise AssertionError(f"only {balancer.estimates('g', candidates)} recorded of {calls} calls")
@@ -89,7 +90,7 @@ async def test_proxy_callback_picks_through_the_filter_and_records() -> None:
     later = await drive(r, 40)
     assert later["fast"] >= 30, later
     estimates = await settle(rate_balancer.balancer(), ("fast", "slow"), 60)
-    assert estimates["fast"].samples + estimates["slow"].samples == 60
+    assert estimates["fast"].requests_last_minute + estimates["slow"].requests_last_minute == 60
     assert estimates["fast"].mean_rate > 3 * estimates["slow"].mean_rate
     assert estimates["fast"].share is not None and estimates["fast"].share > 0.8
 
@@ -133,7 +134,7 @@ async def test_sdk_strategy_picks_healthy_deployments_and_records() -> None:
         later = await drive(r, 40)
         assert later["fast"] >= 30, later
         estimates = await settle(strategy.balancer(), ("fast", "slow"), 60)
-        assert estimates["fast"].samples + estimates["slow"].samples == 60
+        assert estimates["fast"].requests_last_minute + estimates["slow"].requests_last_minute == 60
     finally:
         strategy.uninstall()
     assert strategy.recorder not in litellm.callbacks

@@ -24,8 +24,16 @@ class Clock:
 
 
 def settings(**overrides: Any) -> RoutingSettings:
-    """Test settings: no exploration and no background refresh unless asked (tests call refresh())."""
-    base: dict[str, Any] = {"refresh_interval": 300.0, "exploration_share": 0.0}
+    """Test settings: no exploration, no recency weighting, no in-flight evidence, no load fit and no
+    background refresh unless asked (tests call refresh())."""
+    base: dict[str, Any] = {
+        "refresh_interval": 300.0,
+        "exploration_share": 0.0,
+        # The plain algorithm unless a test asks for these additions.
+        "sample_half_life_seconds": 0.0,
+        "in_flight_evidence": False,
+        "load_aware": False,
+    }
     base.update(overrides)
     return RoutingSettings(**base)
 

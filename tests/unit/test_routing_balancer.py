@@ -31,11 +31,16 @@ async def test_weights_follow_the_rates_after_a_sync() -> None:
     balancer, _ = make_balancer()
     feed(balancer, G, "a", noisy(120, 30, 1))
     feed(balancer, G, "b", noisy(60, 30, 2))
-    # Nothing changes until the view is refreshed from the store.
-    assert balancer.weights(G, AB) == {"a": 0.5, "b": 0.5}
+    # This replica's own samples count at once; the sync makes them shared and changes nothing here.
+    before = balancer.weights(G, AB)
+    assert before["a"] > 0.95
     await balancer.refresh(G)
     weights = balancer.weights(G, AB)
-    assert weights["a"] > 0.95
+    assert weights == pytest.approx(before)
+    other = RateBalancer(balancer._store, settings(), clock=balancer._clock)  # another replica, same store
+    assert other.weights(G, AB) == {"a": 0.5, "b": 0.5}  # nothing seen before its first sync
+    await other.refresh(G)
+    assert other.weights(G, AB) == pytest.approx(weights)
     estimates = balancer.estimates(G, AB)
     assert estimates["a"].samples == 30 and estimates["a"].mode == "weighted"
     assert estimates["a"].mean_rate == pytest.approx(120, rel=0.1)
