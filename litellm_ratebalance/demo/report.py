@@ -264,7 +264,7 @@ def plot_run(
         return histogram
 
     def legend(axis: Any) -> None:
-        axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+        axis.legend(loc="upper left", bbox_to_anchor=(1.07, 1.0), fontsize="small", frameon=False)
 
     figure, (top, middle, bottom) = plt.subplots(3, 1, figsize=(12, 10), sharex=True)
     chat = [r for r in served if r.deployment in CHAT_DEPLOYMENTS]
