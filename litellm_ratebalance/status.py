@@ -730,18 +730,21 @@ async def _deployment_statuses(
     store: Any, settings: Settings, model_group: str, deployments: Sequence[ConfigDeployment]
 ) -> list[DeploymentStatus]:
     from litellm_ratebalance.proxy.routing import deployment_candidates
-    from litellm_ratebalance.routing.balancer import Candidate, RateBalancer
+    from litellm_ratebalance.routing.balancer import Candidate, RateBalancer, routing_status
 
     errors = _Errors()
-    # The balancer the proxy routes with, fed from the same store: its estimates are the proxy's figures
-    # (give or take the proxy's own in-flight picks, which only the proxy knows).
+    # One read with a balancer of our own: a store fault is an error here (routing_status logs and shows an
+    # empty view instead), and it lists every deployment the shared statistics hold, configured or not.
     balancer = RateBalancer(store, settings.ratebalance.routing, on_store_error=errors)
-    candidates = deployment_candidates([d.deployment for d in deployments]) or ()
     await balancer.refresh(model_group)
     if errors.errors:
         exc = errors.errors[0]
         raise StoreError(f"reading routing statistics failed: {exc}") from exc
-    estimates = balancer.estimates(model_group, candidates) if candidates else {}
+    candidates = deployment_candidates([d.deployment for d in deployments]) or ()
+    # The figures themselves from routing's own accessor: shares among exactly the configured deployments,
+    # as routing computes them from the shared view (what only a serving replica knows is left out).
+    routing = settings.ratebalance.routing
+    estimates = {e.deployment_id: e for e in await routing_status(store, routing, model_group, candidates)}
     backpressure = settings.ratebalance.backpressure
     leases = await asyncio.gather(*(store.concurrency_snapshot(d.deployment_id) for d in deployments))
     out: list[DeploymentStatus] = []
