@@ -118,7 +118,7 @@ async def test_failures_are_recorded_and_penalised() -> None:
     first = await drive(r, 20)
     assert first["error"] > 0
     estimates = await settle(rate_balancer.balancer(), ("fast", "broken"), 20)
-    assert estimates["broken"].failures == first["error"]
+    assert estimates["broken"].failures == pytest.approx(first["error"], rel=0.05)  # recency-weighted
     later = await drive(r, 30)
     assert later["error"] <= 3, later
 

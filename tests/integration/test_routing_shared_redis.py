@@ -49,11 +49,13 @@ async def test_two_replicas_converge_on_the_same_weights(redis_server: RedisServ
         await two.refresh("g")
         await one.refresh("g")
         w1, w2 = one.weights("g", CANDIDATES), two.weights("g", CANDIDATES)
-        assert w1 == pytest.approx(w2, abs=1e-12)
+        # The same picture; the recency weights differ only by the few ms between the two syncs.
+        assert w1 == pytest.approx(w2, abs=1e-6)
         assert w1["fast"] > w1["mid"] > w1["slow"]
         e1, e2 = one.estimates("g", CANDIDATES), two.estimates("g", CANDIDATES)
-        assert sum(e.samples for e in e1.values()) == 240
-        assert {n: e.samples for n, e in e1.items()} == {n: e.samples for n, e in e2.items()}
+        assert sum(e.requests_last_minute for e in e1.values()) == 240
+        assert {n: e.requests_last_minute for n, e in e1.items()} == {n: e.requests_last_minute for n, e in e2.items()}
+        assert {n: e.samples for n, e in e1.items()} == pytest.approx({n: e.samples for n, e in e2.items()}, rel=1e-3)
     finally:
         await one.aclose()
         await two.aclose()
@@ -71,7 +73,7 @@ async def test_a_new_replica_starts_from_the_shared_picture(redis_server: RedisS
         await old.refresh("g")
         assert new.weights("g", CANDIDATES) == pytest.approx({"fast": 1 / 3, "mid": 1 / 3, "slow": 1 / 3})
         await new.refresh("g")
-        assert new.weights("g", CANDIDATES) == pytest.approx(old.weights("g", CANDIDATES), abs=1e-12)
+        assert new.weights("g", CANDIDATES) == pytest.approx(old.weights("g", CANDIDATES), abs=1e-6)
         assert new.weights("g", CANDIDATES)["fast"] > 0.6
     finally:
         await c1.aclose()
