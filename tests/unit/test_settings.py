@@ -51,7 +51,10 @@ def test_pydantic_object_from_litellm_is_read() -> None:
             {"ratebalance": {"limiter": {"lendable": {"ghost": 0}}}},
             "ratebalance.limiter.lendable: names priorities not in priority_reservation",
         ),
-        ({"ratebalance": {"fail_mode": "sometimes"}}, "ratebalance.fail_mode: Input should be 'open' or 'closed'"),
+        (
+            {"ratebalance": {"fail_mode": "sometimes"}},
+            "ratebalance.fail_mode: must be 'open' or 'closed' (got 'sometimes')",
+        ),
         ({"ratebalance": {"limitr": {}}}, "ratebalance.limitr: unknown setting; valid keys here:"),
         ({"priority_reservation": {"prod": 1.5}}, "a fraction must be between 0.0 and 1.0"),
         ({"priority_reservation": {"prod": {"type": "rps", "value": 1}}}, "priority_reservation.prod"),
