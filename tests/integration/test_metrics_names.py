@@ -88,11 +88,13 @@ async def test_contract_series_carry_feature_modes_actions_usage_and_limits() ->
         "window_seconds": 3600,
         "counter_ttl_seconds": 7200,
         "basket": {"rpm": 3},
-        "features": {"metrics-search": {"rpm": 1, "tpm": 5000}},
+        # A feature name of contracts_support.EXAMPLE_CONTRACTS: test_contracts_hooks checks that the shared
+        # registry holds no other feature label.
+        "features": {"s2s-android": {"rpm": 1, "tpm": 5000}},
         "enforcement": {"degraded": "reject"},
     }
     callback = contracts_support.make_callback(MemoryStore(), contracts)
-    feature = "metrics-search"
+    feature = "s2s-android"
     requests = "traffic_contract_requests_total"
     normal = value(requests, feature=feature, model="m", rpm_mode="normal", tpm_mode="normal")
     borrowed = value(requests, feature=feature, model="m", rpm_mode="borrowed", tpm_mode="normal")

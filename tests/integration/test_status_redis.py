@@ -27,6 +27,8 @@ from tests.servers import RedisServer
 pytestmark = pytest.mark.redis
 
 PREFIX = "rbstatus"
+# Feature names of tests/integration/contracts_support.EXAMPLE_CONTRACTS: the Prometheus registry is shared by
+# the session, and test_contracts_hooks checks that no other feature label appears in it.
 LITELLM_SETTINGS: dict[str, Any] = {
     "priority_reservation": {"prod": 0.7, "dev": 0.2},
     "priority_reservation_settings": {"default_priority": 0.1, "saturation_threshold": 0.5},
@@ -36,7 +38,7 @@ LITELLM_SETTINGS: dict[str, Any] = {
             "window_seconds": 3600,  # one test never straddles a contract window
             "counter_ttl_seconds": 7200,
             "basket": {"rpm": 5, "tpm": 10000},
-            "features": {"search": {"rpm": 2, "tpm": 5000}, "chat": {"rpm": 10}},
+            "features": {"smart-window": {"rpm": 2, "tpm": 5000}, "s2s": {"rpm": 10}},
         },
         "backpressure": {"deployments": {"chat-a": {"min_limit": 2, "initial_limit": 4, "max_limit": 16}}},
     },
@@ -91,7 +93,7 @@ async def _drive(url: str, derived_id: str) -> dict[str, Any]:
     runtime.configure(settings=settings, store=store, router=router)
     contracts = TrafficContractsCallback(runtime)
     modes = []
-    for feature in ("search", "search", "search", "chat"):
+    for feature in ("smart-window", "smart-window", "smart-window", "s2s"):
         data = contracts_support.request("chat", max_tokens=10)
         assert await contracts_support.call(contracts, data, contracts_support.auth(feature)) is None
         modes.append(data["metadata"]["traffic_contract_rpm_mode"])
@@ -156,11 +158,15 @@ def test_status_json_and_table_show_what_was_written(
     window = written["window"]
     assert contracts["window_start"] == window.window_start
     features = {c["feature"]: c for c in contracts["features"]}
-    assert features["search"]["requests"] == window.requests["search"] == 3
-    assert features["search"]["tokens"] == window.tokens["search"] + window.in_flight.get("search", 0) == 120
+    assert features["smart-window"]["requests"] == window.requests["smart-window"] == 3
+    assert (
+        features["smart-window"]["tokens"]
+        == window.tokens["smart-window"] + window.in_flight.get("smart-window", 0)
+        == 120
+    )
     assert written["modes"] == ["normal", "normal", "borrowed", "normal"]
-    assert features["search"]["rpm_mode"] == "borrowed"  # 3 of 2: the next one borrows as well
-    assert features["chat"]["rpm_mode"] == "normal"
+    assert features["smart-window"]["rpm_mode"] == "borrowed"  # 3 of 2: the next one borrows as well
+    assert features["s2s"]["rpm_mode"] == "normal"
     assert contracts["basket"]["requests"] == 4 and contracts["basket"]["rpm_mode"] == "normal"  # 5th fits
 
     assert main(["status", "--config", str(config), "--model", "chat"]) == 0
@@ -173,8 +179,8 @@ def test_status_json_and_table_show_what_was_written(
     cells = a_line.split()
     assert cells[:3] == ["chat-a", "100.0", f"{a['weight']:.3f}"] and cells[4:7] == ["0", "1", "2..16"]
     assert float(cells[3]) == pytest.approx(a["samples"], abs=0.06)
-    search_line = next(line for line in table.splitlines() if line.lstrip().startswith("search"))
-    assert search_line.split() == ["search", "3", "2", "borrowed", "120", "5000", "normal"]
+    feature_line = next(line for line in table.splitlines() if line.lstrip().startswith("smart-window"))
+    assert feature_line.split() == ["smart-window", "3", "2", "borrowed", "120", "5000", "normal"]
 
 
 def test_unknown_model_group_is_a_usage_error(
