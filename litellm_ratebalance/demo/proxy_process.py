@@ -138,6 +138,13 @@ class ProxyProcess:
         except OSError:
             return "(no log)"
 
+    def terminate(self) -> None:
+        """Ask the proxy to exit (SIGTERM to its process group) without waiting; :meth:`stop` then waits.
+        Lets several proxies shut down at once."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+
     def stop(self) -> None:
         """SIGTERM to the proxy's process group, SIGKILL after 10 s; then SIGKILL whatever of the group is
         left (workers may outlive the leader for a moment). Safe to call twice."""

@@ -217,12 +217,16 @@ def print_summary(summary: Mapping[str, Any]) -> None:
 
     print(f"\nTraffic contracts (requests per mode, from /metrics; {window}s windows)")
     print(f"{'feature':<20}{'RPM normal/borrowed/degraded':>30}{'TPM normal/borrowed/degraded':>30}")
+    unknown = 0
     for feature, kinds in summary["contract_modes"].items():
         cells = [
             "/".join(str(kinds[kind].get(mode, 0)) for mode in ("normal", "borrowed", "degraded"))
             for kind in ("rpm", "tpm")
         ]
+        unknown += kinds["rpm"].get("unknown", 0)
         print(f"{feature:<20}{cells[0]:>30}{cells[1]:>30}")
+    if unknown:
+        print(f"  {unknown} requests with mode 'unknown' (the store failed; served per fail_open)")
 
     print("\nBackpressure shed (refusals by tier and reason)")
     print("  /metrics:", ", ".join(f"{k} {v}" for k, v in summary["shed_metrics"].items()) or "none")

@@ -52,6 +52,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -150,10 +151,11 @@ async def _demo(args: argparse.Namespace) -> int:
 
         cluster = MockClusterProcess(mock_specs(args.duration))
         stack.push_async_callback(cluster.stop)
-        chat_bases = await cluster.start()
         server = InferenceServerProcess(SERVER_SPEC)
         stack.push_async_callback(server.stop)
-        await server.start()
+        with _children_ignore_ctrl_c():
+            chat_bases = await cluster.start()
+            await server.start()
         print(
             "mock deployments: "
             + ", ".join(f"{name} {chat_bases[name]}" for name in CHAT_DEPLOYMENTS)
@@ -177,8 +179,8 @@ async def _demo(args: argparse.Namespace) -> int:
             ProxyProcess(config, workdir / f"proxy{index + 1}", files={"demo_auth.py": auth_source}, env=env)
             for index in range(args.replicas)
         ]
+        stack.callback(_stop_all, proxies)
         for proxy in proxies:
-            stack.callback(proxy.stop)
             proxy.launch()
         print(
             f"starting {len(proxies)} litellm proxy process(es) on "
@@ -204,6 +206,25 @@ async def _demo(args: argparse.Namespace) -> int:
     print_summary(summary)
     print(f"\nplot: {args.plot.resolve()}\nsummary: {args.summary_json.resolve()}")
     return 0
+
+
+@contextlib.contextmanager
+def _children_ignore_ctrl_c() -> Iterator[None]:
+    """Processes spawned inside keep SIGINT ignored (Python leaves an inherited SIG_IGN in place): a Ctrl-C
+    in the terminal then reaches only the demo, which stops them in order (the mock servers exit when their
+    stdin closes) instead of each printing a KeyboardInterrupt traceback."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_all(proxies: list[ProxyProcess]) -> None:
+    for proxy in proxies:
+        proxy.terminate()  # all at once: each may take seconds to finish its open requests
+    for proxy in proxies:
+        proxy.stop()
 
 
 async def _run(

@@ -44,7 +44,10 @@ class LocalRedis:
     def start(self, timeout: float = 10.0) -> None:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         args += ["--dir", str(self.dir), "--maxmemory-policy", "noeviction"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Own session: a Ctrl-C in the terminal reaches the demo, which stops Redis after the proxies.
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
