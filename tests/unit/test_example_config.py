@@ -120,3 +120,30 @@ def test_the_walk_sees_nested_models() -> None:
     """Guard for the coverage test itself: it reaches the models nested in dicts and unions."""
     names = {model.__name__ for model in reachable_models(Settings)}
     assert {"ReservationSpec", "FeatureContract", "ActionSettings", "DeploymentOverrides", "SignalSettings"} <= names
+
+
+def test_the_demo_config_derived_from_the_example_is_valid() -> None:
+    """``make demo`` runs the example's structure with its own addresses and windows; that stays valid."""
+    from litellm_ratebalance.demo.config import CHAT_DEPLOYMENTS, QUOTA_GROUP, demo_config, load_example
+
+    config = demo_config(
+        load_example(EXAMPLE),
+        chat_api_bases={name: f"http://127.0.0.1:{9000 + i}/v1" for i, name in enumerate(CHAT_DEPLOYMENTS)},
+        local_url="http://127.0.0.1:9100",
+        kv_cache_tokens=1500,
+        window_seconds=10,
+        deployment_rpm=20,
+        quota_rpm=30,
+        redis_url="redis://127.0.0.1:6379/0",
+    )
+    settings = parse_settings(config["litellm_settings"])
+    assert settings.ratebalance.limiter.window_seconds == 10
+    assert settings.ratebalance.redis_url == "redis://127.0.0.1:6379/0"
+    assert [e["litellm_params"]["api_base"] for e in config["model_list"][:3]] == [
+        f"http://127.0.0.1:{9000 + i}/v1" for i in range(3)
+    ]
+    local = next(e for e in config["model_list"] if e["model_name"] == "local")
+    merged = settings.ratebalance.backpressure.for_deployment(local["model_info"]["id"], local["model_info"])
+    assert merged.metrics_url == "http://127.0.0.1:9100/metrics" and merged.kv_cache_tokens == 1500
+    assert any(e["model_name"] == QUOTA_GROUP for e in config["model_list"])
+    assert "master_key" not in config["general_settings"]
