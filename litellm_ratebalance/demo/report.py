@@ -5,7 +5,10 @@ Metric names read here (all on LiteLLM's ``/metrics``, summed over replicas):
 ``litellm_ratebalance_admission_decisions_total{model,priority,result,reason}``,
 ``litellm_ratebalance_traffic_contract_requests_total{feature,model,rpm_mode,tpm_mode}``,
 ``litellm_ratebalance_backpressure_refusals_total{model_group,tier,reason}``,
-``litellm_ratebalance_store_errors_total{component,mode}`` and, sampled during the run,
+``litellm_ratebalance_store_errors_total{component,mode}``,
+``litellm_ratebalance_routing_choices_total{model_group,deployment}``, the gauges
+``litellm_ratebalance_routing_weight`` / ``..._routing_estimated_rate{model_group,deployment}`` (per replica:
+each replica's own view, they should agree) and, sampled during the run,
 ``litellm_ratebalance_backpressure_concurrency_limit{deployment}``.
 """
 
@@ -136,6 +139,18 @@ def build_summary(
     contract_modes = _sum_by(everything, "traffic_contract_requests_total", ("feature", "rpm_mode", "tpm_mode"))
     refusals = _sum_by(everything, "backpressure_refusals_total", ("tier", "reason"))
     store_errors = _sum_by(everything, "store_errors_total", ("component", "mode"))
+    choices = _sum_by(everything, "routing_choices_total", ("model_group", "deployment"))
+    deployments = _deployments(records, served, duration)
+    for name, row in deployments.items():
+        row["balancer_choices"] = int(choices.get((row["group"], name), 0))
+        # Gauges are per replica (not summed): each replica's weight and estimate for the deployment.
+        for key, metric in (("weight", "routing_weight"), ("estimated_rate", "routing_estimated_rate")):
+            row[key] = [
+                round(value, 3)
+                for replica in metrics
+                for (group, deployment), value in _sum_by(replica, metric, ("model_group", "deployment")).items()
+                if group == row["group"] and deployment == name
+            ]
     modes: dict[str, dict[str, dict[str, int]]] = {}
     for (feature, rpm_mode, tpm_mode), count in sorted(contract_modes.items()):
         entry = modes.setdefault(feature, {"rpm": {}, "tpm": {}})
@@ -158,7 +173,7 @@ def build_summary(
             for (model, priority, result), count in sorted(decisions.items())
             if model == CHAT_GROUP
         },
-        "deployments": _deployments(records, served, duration),
+        "deployments": deployments,
         "inference_server": dict(server_stats),
         "contract_modes": modes,
         "shed_client": dict(sorted(client_shed.items())),
@@ -198,16 +213,21 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         print("  limiter on /metrics (chat):", ", ".join(f"{key} {value}" for key, value in limiter.items()))
     print("  (failed = the deployment's own error or 429 after LiteLLM's retry)")
 
-    print("\nDeployments (share of the requests each received within its group; measured rates)")
+    print("\nDeployments (share of the requests each received within its group; measured rates; the balancer's view)")
     print(
-        f"{'deployment':<12}{'requests':>9}{'share':>7}{'200':>6}{'req/s':>7}{'out tok/s':>10}{'tok/s/req':>10}  errors"
+        f"{'deployment':<12}{'requests':>9}{'share':>7}{'200':>6}{'req/s':>7}{'out tok/s':>10}{'tok/s/req':>10}"
+        f"{'picks':>7}  {'weight':<14}errors"
     )
     for name, row in summary["deployments"].items():
         errors = ", ".join(f"{kind} {count}" for kind, count in row["errors"].items()) or "-"
+        weights = "/".join(f"{w:.2f}" for w in row.get("weight", [])) or "-"
         print(
             f"{name:<12}{row['requests']:>9}{row['share']:>7.0%}{row['ok']:>6}{row['requests_per_s']:>7.2f}"
-            f"{row['output_tokens_per_s']:>10.1f}{row['mean_request_tokens_per_s']:>10.1f}  {errors}"
+            f"{row['output_tokens_per_s']:>10.1f}{row['mean_request_tokens_per_s']:>10.1f}"
+            f"{row.get('balancer_choices', 0):>7}  {weights:<14}{errors}"
         )
+    print("  picks: the rate balancer's choices (/metrics, retries included); weight: its current choice")
+    print("  probability, per replica (replicas share their statistics through the store)")
     stats = summary["inference_server"]
     if stats:
         print(

@@ -80,6 +80,9 @@ def assert_consistent(summary: dict[str, Any], output: str, plot: Path) -> None:
     assert sum(chat_shares) == pytest.approx(1.0)
     assert deployments["chat-flaky"]["share"] < deployments["chat-fast"]["share"]
     assert deployments["chat-slow"]["share"] < deployments["chat-fast"]["share"]
+    # Each request a mock received was the rate balancer's pick (its counter on /metrics, all replicas).
+    for name in ("chat-fast", "chat-slow", "chat-flaky"):
+        assert deployments[name]["balancer_choices"] == deployments[name]["requests"], (name, deployments[name])
 
     # Backpressure: what clients were refused is what the proxies counted, lowest tier first.
     shed_client = sum(summary["shed_client"].values())
