@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("\ninterrupted: everything the demo started has been stopped", file=sys.stderr)
         return 130
-    except (RuntimeError, OSError, ValueError) as exc:
+    except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
         print(f"\ndemo failed: {exc}", file=sys.stderr)
         return 1
 
@@ -191,7 +191,8 @@ async def _demo(args: argparse.Namespace) -> int:
         )
         started = time.monotonic()
         await asyncio.gather(*(proxy.wait_ready_async() for proxy in proxies))
-        print(f"proxies ready in {time.monotonic() - started:.1f}s; config: {proxies[0].workdir / 'config.yaml'}")
+        kept = "" if args.workdir else " (removed at the end; keep it with --workdir DIR)"
+        print(f"proxies ready in {time.monotonic() - started:.1f}s; config: {proxies[0].workdir / 'config.yaml'}{kept}")
 
         clients = [httpx.AsyncClient(base_url=proxy.base_url, **client_limits()) for proxy in proxies]
         for client in clients:
