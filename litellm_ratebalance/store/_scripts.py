@@ -156,16 +156,24 @@ class ScriptRunner:
 
     async def _gated(self, client: Any, operation: Callable[[Any], Awaitable[Any]]) -> Any:
         state = self._loop_state(client)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout
+        acquired = False
+
+        async def gated() -> Any:
+            nonlocal acquired
+            await state.gate.acquire()
+            acquired = True
+            try:
+                return await self._ready_then(state, client, operation)
+            finally:
+                state.gate.release()
+
+        # One timeout for the wait for a slot and the call together (one wait_for: cheap under bursts).
         try:
-            await asyncio.wait_for(state.gate.acquire(), self._timeout)
+            return await asyncio.wait_for(gated(), self._timeout)
         except asyncio.TimeoutError:
-            raise _GateTimeout from None
-        try:
-            return await asyncio.wait_for(self._ready_then(state, client, operation), max(deadline - loop.time(), 1e-3))
-        finally:
-            state.gate.release()
+            if not acquired:
+                raise _GateTimeout from None
+            raise
 
     async def _ready_then(self, state: _LoopState, client: Any, operation: Callable[[Any], Awaitable[Any]]) -> Any:
         if _is_cluster(client) and (client is not self._initialized or getattr(client, "_initialize", False)):
