@@ -17,10 +17,13 @@ The rule, one completed request at a time:
 * **Gradient** = ``clamp(tolerance * baseline / short, 0.5, 1)``: 1 while latency stays within
   ``tolerance`` of no-load, below 1 as the server queues. Never below 0.5: one slow sample at most halves
   the target.
-* **New limit** = ``(1 - smoothing) * limit + smoothing * (limit * gradient + growth)``: grows by about
-  ``smoothing * growth`` per sample while latency is flat, shrinks in proportion to the latency rise.
-  At equilibrium on a server whose per-token latency grows linearly past a knee of ``k`` slots, the limit
-  settles near ``tolerance * k + growth``.
+* **New limit** = ``(1 - smoothing) * limit + smoothing * target``, where ``target`` is
+  ``limit + growth`` while latency stays within ``tolerance`` (gradient 1: probe for more) and
+  ``limit * gradient`` once it does not (shrink in proportion to the rise, and probe no further). On a
+  server whose per-token latency grows linearly past a knee of ``k`` slots, the limit settles near
+  ``tolerance * k``. (Probing while above tolerance, as Gradient2 does with its additive headroom, would
+  settle near ``tolerance * k + growth`` instead: every extra slot past the knee only slows every request
+  down, since such a server's throughput is flat there.)
 * **App-limited**: no growth while fewer than half of the slots are in use (the limit would otherwise grow
   without evidence that the server can take it).
 * **Drop** (server error, timeout, OOM): ``limit *= backoff_ratio``, at most once per
@@ -118,9 +121,12 @@ class GradientLimit:
         self._observe(now, rtt, inflight)
         assert self._baseline is not None and self._short is not None
         gradient = min(1.0, max(0.5, cfg.tolerance * self._baseline / self._short))
-        if gradient >= 1.0 and inflight < self._estimate / 2:
+        if gradient < 1.0:
+            target = self._estimate * gradient  # past tolerance: back off, no probing
+        elif inflight < self._estimate / 2:
             return self.limit  # app-limited: no evidence that more slots would be used well
-        target = self._estimate * gradient + cfg.growth
+        else:
+            target = self._estimate + cfg.growth
         self._estimate = self._clamp((1.0 - cfg.smoothing) * self._estimate + cfg.smoothing * target)
         return self.limit
 

@@ -768,6 +768,19 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 waiter.future.set_result(outcome)
 
     # -- completion -----------------------------------------------------------------------------------------
+    async def async_post_call_success_deployment_hook(
+        self, request_data: dict[str, Any], response: Any, call_type: Any
+    ) -> Any:
+        """A finished non-streaming response gives its slot back here, as soon as the deployment answered:
+        the success event comes later, through LiteLLM's logging queue, and a slot held until then is a
+        slot the next request waits for (and a latency sample that counts the proxy's logging work)."""
+        try:
+            if isinstance(request_data, Mapping) and not request_data.get("stream") and response is not None:
+                await self._finish(request_data, response, None, failed=False, exception=None)
+        except Exception:
+            logger.exception("litellm_ratebalance backpressure: early release failed")
+        return None
+
     async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         try:
             await self._finish(kwargs, response_obj, end_time, failed=False, exception=None)

@@ -44,14 +44,47 @@ def test_backs_off_when_rtt_rises() -> None:
 
 def test_settles_near_the_knee_of_a_saturating_server() -> None:
     # Per-token latency flat up to 8 in flight, then growing linearly (throughput flat): the limit must
-    # end up a little above the knee, not run off to max_limit nor collapse.
+    # end up near tolerance x knee (9.6), not run off to max_limit nor collapse.
     limit = GradientLimit(LimitConfig(initial_limit=2, max_limit=200, tolerance=1.2, growth=1.0))
     t = 0.0
+    seen = []
     for _ in range(2000):
         in_flight = limit.limit
         t += 0.05
-        limit.update(t, 0.02 * max(1.0, in_flight / 8), in_flight, False)
-    assert 8 <= limit.limit <= 12
+        seen.append(limit.update(t, 0.02 * max(1.0, in_flight / 8), in_flight, False))
+    assert min(seen[-500:]) >= 8 and max(seen[-500:]) <= 10
+
+
+def test_no_probing_while_latency_is_above_tolerance() -> None:
+    # 15% above the no-load baseline with tolerance 1.1: the limit only shrinks, it does not probe for
+    # more (probing there would settle past the knee, where every extra slot slows every request down).
+    limit = GradientLimit(LimitConfig(initial_limit=12, max_limit=100, tolerance=1.1))
+    feed(limit, [0.02])
+    above = 0
+    for i in range(40):
+        before = limit.estimate
+        limit.update(1.0 + i * 0.1, 0.023, limit.limit, False)
+        assert limit.short_rtt is not None and limit.baseline_rtt is not None
+        if limit.short_rtt > 1.1 * limit.baseline_rtt:  # the smoothed latency is past tolerance
+            above += 1
+            assert limit.estimate < before
+    assert above > 20 and limit.limit < 12
+
+
+def test_overshoot_is_bounded_when_latency_lags_the_load() -> None:
+    # Each sample reports the load of its request's lifetime (the last 10 samples), as a completed request
+    # does: the signal lags the limit. The limit must still stay close to tolerance x knee (8.8).
+    limit = GradientLimit(LimitConfig(initial_limit=8, max_limit=200, tolerance=1.1, growth=1.0))
+    loads: list[int] = []
+    seen = []
+    for i in range(3000):
+        loads.append(limit.limit)
+        lifetime = loads[-10:]
+        rtt = 0.02 * max(1.0, sum(lifetime) / len(lifetime) / 8)
+        seen.append(limit.update(i * 0.1, rtt, limit.limit, False))
+    settled = seen[-2000:]
+    assert min(settled) >= 8 and max(settled) <= 10
+    assert sum(settled) / len(settled) < 9.5  # (probing past tolerance averaged ~10, peaking at 11)
 
 
 def test_a_drop_backs_off_once_per_cooldown() -> None:
