@@ -171,12 +171,23 @@ def _export(balancer: RateBalancer, model_group: str, candidates: Sequence[Candi
         _estimated_rate.labels(model_group, deployment_id).set(estimate.mean_rate)
 
 
-def _pick(balancer: RateBalancer, model: str, deployments: Sequence[Mapping[str, Any]]) -> int | None:
+def _request_id(kwargs: Mapping[str, Any] | None) -> str | None:
+    """LiteLLM's id of one request, the same in the routing hook and in its logging events."""
+    value = kwargs.get("litellm_trace_id") if kwargs else None
+    return value if isinstance(value, str) and value else None
+
+
+def _pick(
+    balancer: RateBalancer,
+    model: str,
+    deployments: Sequence[Mapping[str, Any]],
+    request_kwargs: Mapping[str, Any] | None = None,
+) -> int | None:
     candidates = deployment_candidates(deployments)
     if candidates is None:
         return None
     model_group = _model_group(deployments, model)
-    index = balancer.choose(model_group, candidates)
+    index = balancer.choose(model_group, candidates, _request_id(request_kwargs))
     _export(balancer, model_group, candidates, index)
     return index
 
@@ -221,6 +232,11 @@ def _rate_limits(headers: object) -> RateLimitObservation | None:
     return dataclasses.replace(observation, reset_seconds=min(known)) if known else observation
 
 
+def _trace_id(payload: Mapping[str, Any]) -> str | None:
+    value = payload.get("trace_id")
+    return value if isinstance(value, str) and value else None
+
+
 def _status_code(kwargs: Mapping[str, Any], payload: Mapping[str, Any]) -> int | None:
     info = payload.get("error_information")
     code: object = info.get("error_code") if isinstance(info, Mapping) else None
@@ -246,7 +262,7 @@ def record_call(balancer: RateBalancer, kwargs: Mapping[str, Any], ok: bool) -> 
         return False
     if not ok and _status_code(kwargs, payload) in _REQUEST_FAULT_CODES:
         # The request was at fault: the deployment's request slot is free again, nothing else to learn.
-        balancer.release(model_group, str(deployment_id))
+        balancer.release(model_group, str(deployment_id), _request_id(kwargs) or _trace_id(payload))
         return False
     start = _non_negative(payload.get("startTime"))
     end = _non_negative(payload.get("endTime"))
@@ -267,6 +283,7 @@ def record_call(balancer: RateBalancer, kwargs: Mapping[str, Any], ok: bool) -> 
         ttft=ttft,
         input_to_output_ratio=_positive(info.get("input_to_output_ratio")),
         rate_limits=_rate_limits(headers) if ok else None,
+        request_id=_request_id(kwargs) or _trace_id(payload),
     )
     return True
 
@@ -332,7 +349,7 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
             if not pool:
                 return healthy_deployments  # the Router raises its own "no deployments" error
             available = _backpressure_available(pool, request_kwargs)
-            index = _pick(self.balancer(), model, available)
+            index = _pick(self.balancer(), model, available, request_kwargs)
             return healthy_deployments if index is None else [available[index]]
         except Exception:
             _log_hook_error("async_filter_deployments")
@@ -445,7 +462,7 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
             return healthy  # a specific deployment was asked for
         try:
             pool = _backpressure_available(healthy, request_kwargs)
-            index = _pick(self.balancer(), model, pool)
+            index = _pick(self.balancer(), model, pool, request_kwargs)
             if index is not None:
                 return pool[index]  # type: ignore[no-any-return]
         except Exception:

@@ -20,10 +20,10 @@ Not thread-safe: one instance belongs to one event loop (LiteLLM's proxy and asy
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, cast
@@ -53,6 +53,8 @@ _USAGE_WINDOW_MS = 60_000
 _MAX_IN_FLIGHT = 4096
 _MAX_CACHED_SETS = 64
 _MAX_STALL_SCAN = 1024
+_CHANGE_MIN_SAMPLES = 3.0
+"""Successful samples (recency-weighted) a deployment needs before a sample can say that it changed."""
 _MAX_OVERDUE_SAMPLES = 32
 """In-flight requests per deployment turned into overdue samples at a decision (the oldest ones)."""
 
@@ -128,11 +130,65 @@ class _Derived:
         """The same over every deployment's samples (for one without successful samples yet)."""
 
 
+class _InFlight:
+    """This replica's requests in flight at one deployment, oldest first: key -> (start, load at start).
+
+    The key is the request's id when the caller knows it (LiteLLM's ``litellm_trace_id``), so a finished
+    request removes its own entry; picks without an id get a private key and a finish without a known id
+    removes the oldest entry (requests do not finish in order, so ages are then underestimated, never
+    overestimated).
+    """
+
+    __slots__ = ("entries",)
+
+    _anonymous = itertools.count()
+
+    def __init__(self) -> None:
+        self.entries: dict[object, tuple[float, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, now: float, request_id: str | None) -> None:
+        entries = self.entries
+        if len(entries) >= _MAX_IN_FLIGHT:
+            del entries[next(iter(entries))]
+        key: object = request_id if request_id is not None else next(self._anonymous)
+        entries.pop(key, None)  # the same request again (a retry here): it starts anew
+        entries[key] = (now, len(entries) + 1)
+
+    def take(self, request_id: str | None) -> tuple[float, int] | None:
+        """Remove the request's entry (the oldest when its id is unknown); its (start, load at start)."""
+        entries = self.entries
+        if request_id is not None:
+            found = entries.pop(request_id, None)
+            if found is not None:
+                return found
+        if not entries:
+            return None
+        return entries.pop(next(iter(entries)))
+
+    def oldest(self) -> float | None:
+        for start, _ in self.entries.values():
+            return start
+        return None
+
+    def forget_before(self, cutoff: float) -> None:
+        entries = self.entries
+        while entries:
+            key = next(iter(entries))
+            if entries[key][0] >= cutoff:
+                return
+            del entries[key]
+
+
 class _GroupView:
     __slots__ = (
         "buckets",
         "cache",
+        "changed",
         "closed_through",
+        "cutoff_ms",
         "derived",
         "in_flight",
         "last_sync",
@@ -142,6 +198,7 @@ class _GroupView:
         "pending",
         "pending_limits",
         "pending_since",
+        "probes",
         "ratios",
         "syncing",
     )
@@ -158,8 +215,14 @@ class _GroupView:
         self.pending: dict[str, RateAggregate] = {}
         self.pending_limits: dict[str, RateLimitObservation] = {}
         self.pending_since: float | None = None
-        self.in_flight: dict[str, deque[float]] = {}
+        self.in_flight: dict[str, _InFlight] = {}
         self.ratios: dict[str, float] = {}
+        self.cutoff_ms: dict[str, float] = {}
+        """Per deployment: store time (ms) before which its samples are ignored (a change was detected)."""
+        self.changed: dict[str, float] = {}
+        """Per deployment: local time of its last detected change (at most one per half-life)."""
+        self.probes: set[str] = set()
+        """Deployments to send one request each, to re-measure them after another one changed."""
         self.loads: dict[str, LoadFit] = {}
         """Per deployment: this replica's fit of rate against load (``load_aware``)."""
         self.derived = _Derived()
@@ -206,14 +269,17 @@ class RateBalancer:
         self._max_in_flight_age = max(float(s.window_seconds), 900.0)
         self._sample_half_life_ms = s.effective_sample_half_life * 1000.0
         self._track_in_flight = s.stall_latency_factor > 0 or s.in_flight_evidence or s.load_aware
+        self._change_sigma = s.change_detection_sigma
+        self._change_cooldown = s.effective_sample_half_life or float(s.window_seconds) / 4.0
         # How a deployment's rate depends on its load is a property of its capacity, which changes slower than
         # its rate: the fit fades over a whole window.
         self._load_half_life = float(s.window_seconds)
 
     # -- request path ---------------------------------------------------------------------------------
-    def choose(self, model_group: str, candidates: Sequence[Candidate]) -> int:
+    def choose(self, model_group: str, candidates: Sequence[Candidate], request_id: str | None = None) -> int:
         """Index in ``candidates`` of the deployment to use; the pick is counted as in flight until
-        :meth:`record` is called for that deployment. Never awaits, never touches the store."""
+        :meth:`record` (or :meth:`release`) is called for that deployment, with the same ``request_id`` when
+        one is given. Never awaits, never touches the store."""
         n = len(candidates)
         if n == 0:
             raise ValueError("choose() needs at least one candidate")
@@ -225,16 +291,17 @@ class RateBalancer:
         if n == 1:
             index = 0
         else:
-            shares = self._shares(view, candidates, now).shares
-            index = self._draw(shares)
+            shares = self._shares(view, candidates, now, detect=True).shares
+            probe = self._probe(view, candidates)
+            index = self._draw(shares) if probe is None else probe
         chosen = candidates[index]
         if chosen.input_to_output_ratio is not None:
             view.ratios[chosen.id] = chosen.input_to_output_ratio
         if self._track_in_flight:
             queue = view.in_flight.get(chosen.id)
             if queue is None:
-                queue = view.in_flight[chosen.id] = deque(maxlen=_MAX_IN_FLIGHT)
-            queue.append(now)
+                queue = view.in_flight[chosen.id] = _InFlight()
+            queue.add(now, request_id)
         return index
 
     def record(
@@ -249,6 +316,7 @@ class RateBalancer:
         ttft: float | None = None,
         input_to_output_ratio: float | None = None,
         rate_limits: RateLimitObservation | None = None,
+        request_id: str | None = None,
     ) -> None:
         """Record one finished request (``ok=False`` for an error, timeout or 429: a zero-rate sample).
 
@@ -260,10 +328,10 @@ class RateBalancer:
         now = self._clock()
         view = self._view(model_group)
         queue = view.in_flight.get(deployment_id)
-        load = len(queue) if queue else 1
-        if queue:
-            # Requests do not finish in order; the oldest start is the one whose age misleads most.
-            queue.popleft()
+        load_now = len(queue) if queue else 1
+        entry = queue.take(request_id) if queue else None
+        # The load this request shared the deployment with: between the one it met and the one it left.
+        load = (entry[1] + load_now) / 2.0 if entry is not None else float(load_now)
         ratio = self.settings.ratio_for(model_group, input_to_output_ratio or view.ratios.get(deployment_id))
         rate = effective_rate(output_tokens, input_tokens, latency, ratio) if ok else 0.0
         sample = RateAggregate()
@@ -273,6 +341,8 @@ class RateBalancer:
             view.pending[deployment_id] = sample.copy()
         else:
             aggregate.merge(sample)
+        if ok and self._change_sigma > 0 and self._surprising(view, deployment_id, rate):
+            self._changed(view, deployment_id, now, now - latency)
         # The local view sees its own sample at once (the shared one at the next sync): a deployment has
         # samples as soon as one of its requests finished here, and a failure counts from this moment.
         self._add_local(view, deployment_id, sample)
@@ -280,20 +350,20 @@ class RateBalancer:
             fit = view.loads.get(deployment_id)
             if fit is None:
                 fit = view.loads[deployment_id] = LoadFit()
-            fit.add(now, float(load), rate, self._load_half_life)
+            fit.add(now, load, rate, self._load_half_life)
         if rate_limits is not None:
             view.pending_limits[deployment_id] = rate_limits
         if view.pending_since is None:
             view.pending_since = now
         self._maybe_sync(model_group, view, now)
 
-    def release(self, model_group: str, deployment_id: str) -> None:
+    def release(self, model_group: str, deployment_id: str, request_id: str | None = None) -> None:
         """Forget one request in flight at the deployment without recording a sample (the request, not the
         deployment, was at fault)."""
         view = self._views.get(model_group)
         queue = view.in_flight.get(deployment_id) if view is not None else None
         if queue:
-            queue.popleft()
+            queue.take(request_id)
 
     # -- status ---------------------------------------------------------------------------------------
     def weights(self, model_group: str, candidates: Sequence[Candidate] | None = None) -> dict[str, float]:
@@ -477,7 +547,7 @@ class RateBalancer:
         for index in [i for i in view.buckets if i < oldest]:
             del view.buckets[index]
         view.limits = snapshot.limits
-        view.derived = self._derive(view.buckets, snapshot.now_ms)
+        view.derived = self._derive(view.buckets, snapshot.now_ms, view.cutoff_ms)
         # Samples recorded while this sync was in flight are not in the snapshot yet: keep them in the view.
         for deployment_id, pending in view.pending.items():
             self._add_local(view, deployment_id, pending)
@@ -510,7 +580,12 @@ class RateBalancer:
             stall = max(stall, self.settings.stall_latency_factor * latency)
         derived.stall_after[deployment_id] = stall
 
-    def _derive(self, buckets: Mapping[int, Mapping[str, RateAggregate]], now_ms: int) -> _Derived:
+    def _derive(
+        self,
+        buckets: Mapping[int, Mapping[str, RateAggregate]],
+        now_ms: int,
+        cutoff_ms: Mapping[str, float] | None = None,
+    ) -> _Derived:
         """Window, recent and usage aggregates per deployment as of store time ``now_ms``.
 
         A bucket belongs to a window of length W when it ends after ``now - W``. In the window a bucket's
@@ -538,7 +613,11 @@ class RateBalancer:
                 decay = 0.5 ** (age_ms / half_life_ms)
             weight = recency_weight(age_ms, sample_half_life_ms)
             for deployment_id, agg in buckets[index].items():
-                if in_window:
+                if in_window and cutoff_ms and end <= cutoff_ms.get(deployment_id, -1.0):
+                    in_window_here = False  # from before a detected change of this deployment
+                else:
+                    in_window_here = in_window
+                if in_window_here:
                     _add_to(derived.window_full, deployment_id, agg, weight)
                     if adaptive:
                         chosen = derived.window.get(deployment_id)
@@ -568,7 +647,7 @@ class RateBalancer:
         return derived
 
     # -- shares ---------------------------------------------------------------------------------------
-    def _shares(self, view: _GroupView, candidates: Sequence[Candidate], now: float) -> Shares:
+    def _shares(self, view: _GroupView, candidates: Sequence[Candidate], now: float, *, detect: bool = False) -> Shares:
         """Shares of a candidate set now: the cached ones of this sync, adjusted for what the requests in
         flight here show (stalls, overdue requests, load) when there are any."""
         key = tuple(candidates)
@@ -581,7 +660,7 @@ class RateBalancer:
         shares, states = cached
         if not view.in_flight and not view.loads:
             return shares
-        live = self._live_states(view, candidates, states, now)
+        live = self._live_states(view, candidates, states, now, detect=detect)
         if live is None:
             return shares
         s = self.settings
@@ -598,7 +677,13 @@ class RateBalancer:
         )
 
     def _live_states(
-        self, view: _GroupView, candidates: Sequence[Candidate], states: Sequence[DeploymentState], now: float
+        self,
+        view: _GroupView,
+        candidates: Sequence[Candidate],
+        states: Sequence[DeploymentState],
+        now: float,
+        *,
+        detect: bool = False,
     ) -> list[DeploymentState] | None:
         """``states`` with this replica's in-flight evidence added; None when it changes nothing (fast path).
 
@@ -619,8 +704,8 @@ class RateBalancer:
         for i, c in enumerate(candidates):
             queue = view.in_flight.get(c.id)
             # A pick whose call never reported back (dropped after routing) must not count for ever.
-            while queue and queue[0] < forgotten:
-                queue.popleft()
+            if queue:
+                queue.forget_before(forgotten)
             shift = 0.0
             if loads is not None:
                 fit = loads.get(c.id)
@@ -628,19 +713,30 @@ class RateBalancer:
                     shift = fit.shift(float(len(queue) + 1 if queue else 1), states[i].window.mean)
             stalled = 0
             overdue: RateAggregate | None = None
-            if queue:
+            oldest = queue.oldest() if queue else None
+            if queue and oldest is not None:
                 if stall_on:
                     limit = now - derived.stall_after.get(c.id, default_stall)
-                    if queue[0] <= limit:
-                        for started in queue:
+                    if oldest <= limit:
+                        for started, _ in queue.entries.values():
                             if started > limit or stalled >= _MAX_STALL_SCAN:
                                 break
                             stalled += 1
-                expected = derived.expected.get(c.id) or derived.pooled_expected if evidence_on else None
-                if expected is not None and queue[0] < now - expected[0]:
+                expected = (derived.expected.get(c.id) or derived.pooled_expected) if evidence_on else None
+                if expected is not None and oldest < now - expected[0]:
                     latency, work = expected
-                    overdue = states[i].window.copy()
-                    for n, started in enumerate(queue):
+                    if (
+                        detect
+                        and self._change_sigma > 0
+                        and self._surprising(view, c.id, work / (now - oldest))
+                        # Its oldest request is far slower than its samples: changed since that request left.
+                        and self._changed(view, c.id, now, oldest)
+                    ):
+                        state_window = RateAggregate()
+                    else:
+                        state_window = states[i].window
+                    overdue = state_window.copy()
+                    for n, (started, _) in enumerate(queue.entries.values()):
                         age = now - started
                         if age <= latency or n >= _MAX_OVERDUE_SAMPLES:
                             break
@@ -711,6 +807,49 @@ class RateBalancer:
             fractions.append(1.0 - (usage.count if usage else 0) / candidate.rpm)
         return headroom_multiplier(min(fractions), headroom) if fractions else 1.0
 
+    # -- change detection -----------------------------------------------------------------------------
+    def _surprising(self, view: _GroupView, deployment_id: str, rate: float) -> bool:
+        """Whether a rate (finished, or the bound of a request in flight) is far outside the deployment's
+        recency-weighted window: ``change_detection_sigma`` standard deviations (at least 10 % of the mean)."""
+        window = view.derived.window_full.get(deployment_id)
+        if window is None or window.count - window.failures < _CHANGE_MIN_SAMPLES:
+            return False
+        mean = window.mean_ok_rate
+        if mean is None:
+            return False
+        spread = max(window.std, 0.1 * mean)
+        return abs(rate - mean) > self._change_sigma * spread
+
+    def _changed(self, view: _GroupView, deployment_id: str, now: float, since: float) -> bool:
+        """A deployment's rate changed at local time ``since``: forget its samples from before, and have every
+        other deployment re-measured with one request (a change seldom comes alone, and the ones that got
+        little traffic are known only from old samples). False (nothing done) within a half-life of the
+        deployment's previous change."""
+        last = view.changed.get(deployment_id)
+        if last is not None and now - last < self._change_cooldown:
+            return False
+        view.changed[deployment_id] = now
+        view.cutoff_ms[deployment_id] = (since + view.offset) * 1000.0
+        derived = view.derived
+        for target in (derived.window_full, derived.window):
+            target.pop(deployment_id, None)
+        known = set(derived.window_full) | {d for d, q in view.in_flight.items() if q}
+        view.probes = {d for d in known if d != deployment_id}
+        view.cache.clear()
+        return True
+
+    def _probe(self, view: _GroupView, candidates: Sequence[Candidate]) -> int | None:
+        """Index of a candidate due for a re-measuring request (None: none due); each is sent one, unless it
+        has a request in flight already."""
+        if not view.probes:
+            return None
+        for i, c in enumerate(candidates):
+            if c.id in view.probes:
+                view.probes.discard(c.id)
+                if not view.in_flight.get(c.id):
+                    return i
+        return None
+
     def _draw(self, shares: Sequence[float]) -> int:
         point = self._rng.random()
         cumulative = 0.0
@@ -766,6 +905,9 @@ async def routing_status(
     """
     balancer = RateBalancer(store, settings)
     await balancer.refresh(model_group)
+    if abs(balancer._view(model_group).offset) * 1000 >= balancer._bucket_ms:
+        # The store's clock is not this machine's: the first read asked for the wrong buckets.
+        await balancer.refresh(model_group)
     candidates = [d if isinstance(d, Candidate) else Candidate(str(d)) for d in deployments]
     estimates = balancer.estimates(model_group, candidates)
     return [estimates[c.id] for c in candidates]

@@ -90,6 +90,11 @@ class RoutingSettings(SettingsModel):
     """Fit each deployment's rate against its load (this replica's requests in flight) and correct the
     estimate at the current load (:class:`~litellm_ratebalance.routing.estimator.LoadFit`): a deployment
     with few slots is not piled onto. Only a clearly falling rate counts."""
+    change_detection_sigma: Annotated[float, Field(ge=0.0, le=100.0)] = 3.0
+    """A deployment whose new sample (or oldest request in flight, as a rate bound) is this many standard
+    deviations (at least 10 % of the mean) away from its recency-weighted window has changed: its older
+    samples are dropped and every other deployment gets one request to be re-measured. At most once per
+    half-life per deployment. 0 disables it."""
     adaptive_window: bool = False
     """Use, per deployment, only its newest buckets that hold ``adaptive_min_samples`` samples (at most
     ``window_seconds``): busy deployments are judged on recent samples, quiet ones keep their history."""

@@ -508,45 +508,65 @@ def recency_weight(age_seconds: float, half_life_seconds: float) -> float:
 
 
 class LoadFit:
-    """A deployment's recency-weighted peak throughput: the most tokens/s it was seen to deliver over all the
-    requests it had in flight, ``max(load x rate)`` over its successful samples (``load`` = requests in flight
-    there when the sample finished, itself included; times are explicit, no clock).
+    """How a deployment's rate depends on its load (requests in flight there), from its successful samples.
 
-    A deployment with ``c`` slots at ``r`` tokens/s each peaks at about ``c x r``: at a load above ``c`` each
-    request gets ``peak / load``. :meth:`shift` is how far that is below the deployment's mean rate (never
-    above it), so a deployment with few slots is not piled onto, and one with many is not held back once it
-    has been seen busy. At a load above any seen so far the prediction is mildly pessimistic
-    (``seen / (seen + 1)``), which the next sample at that load corrects. The peak fades with
-    ``half_life_seconds`` so a lost capacity is noticed.
+    Each sample adds ``(load, rate)``, ``load`` = the requests in flight at the deployment during the
+    request, itself included (the mean of what it met and what it left). Two recency-weighted figures
+    (times are explicit, no clock; they fade with ``half_life_seconds``):
+
+    * the **peak throughput** ``max(load x rate)``: a deployment with ``c`` slots at ``r`` tokens/s each peaks
+      at about ``c x r``, so at a load above ``c`` each request gets about ``peak / load``;
+    * the **unloaded rate**, the mean rate of the samples taken at a load of at most :data:`UNLOADED_LOAD`.
+
+    :meth:`expected_rate` at a load is the smaller of the two; :meth:`shift` is how far it is from the
+    deployment's window mean. So a deployment with few slots is not piled onto, gets its full rate back in
+    the estimate when it is idle, and one with many slots is not held back once it has been seen busy. At a
+    load above any seen so far the prediction is mildly pessimistic (``seen / (seen + 1)``), which the next
+    sample at that load corrects.
     """
 
-    __slots__ = ("last", "peak", "samples")
+    __slots__ = ("last", "peak", "samples", "unloaded_sum", "unloaded_weight")
 
     MIN_SAMPLES = 3
-    """Samples before the peak says anything."""
+    """Samples before the fit says anything."""
+    UNLOADED_LOAD = 2.0
 
     def __init__(self) -> None:
         self.peak = 0.0
         self.samples = 0
+        self.unloaded_sum = 0.0
+        self.unloaded_weight = 0.0
         self.last = float("-inf")
 
     def add(self, now: float, load: float, rate: float, half_life_seconds: float) -> None:
         if half_life_seconds > 0.0 and self.samples and now > self.last:
-            self.peak *= 0.5 ** ((now - self.last) / half_life_seconds)
+            factor = 0.5 ** ((now - self.last) / half_life_seconds)
+            self.peak *= factor
+            self.unloaded_sum *= factor
+            self.unloaded_weight *= factor
         self.last = max(self.last, now)
         self.samples += 1
         self.peak = max(self.peak, load * rate)
+        if load <= self.UNLOADED_LOAD:
+            self.unloaded_sum += rate
+            self.unloaded_weight += 1.0
 
     def expected_rate(self, load: float) -> float | None:
-        """Rate one request is expected to get at ``load`` requests in flight, from the peak (None: too few
-        samples)."""
+        """Rate one request is expected to get at ``load`` requests in flight (None: too few samples)."""
         if self.samples < self.MIN_SAMPLES or load <= 0:
             return None
-        return self.peak / load
+        expected = self.peak / load
+        if self.unloaded_weight > 0.5:
+            expected = min(expected, self.unloaded_sum / self.unloaded_weight)
+        return expected
 
     def shift(self, load: float, mean_rate: float) -> float:
-        """``expected_rate(load) - mean_rate`` when that is negative, else 0."""
+        """``expected_rate(load) - mean_rate``: negative when the deployment is busier than its samples say
+        it copes with; positive (up to its unloaded rate) when it is idle and its window mixes in loaded
+        samples; 0 when unknown."""
         expected = self.expected_rate(load)
         if expected is None:
             return 0.0
-        return min(0.0, expected - mean_rate)
+        if self.unloaded_weight <= 0.5:
+            return min(0.0, expected - mean_rate)
+        return expected - mean_rate

@@ -48,6 +48,8 @@ class ReferenceBalancer:
     estimator: str = "normal"
     samples: dict[str, list[Sample]] = field(default_factory=dict)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    half_life: float = 0.0
+    """Recency weighting (our addition, ``sample_half_life_seconds``): 0 is the proposal."""
 
     def record(self, deployment: str, sample: Sample) -> None:
         self.samples.setdefault(deployment, []).append(sample)
@@ -59,7 +61,20 @@ class ReferenceBalancer:
         ]
 
     def weights(self, now: float) -> list[float]:
+        if self.half_life > 0:
+            return weighted_reference_weights(self.weighted_rates(now), self.greediness, self.estimator)
         return reference_weights(self.rates(now), self.greediness, self.estimator)
+
+    def weighted_rates(self, now: float) -> list[list[tuple[float, float]]]:
+        """(rate, recency weight ``0.5 ** (age / half_life)``) of every sample in the window."""
+        return [
+            [
+                (s.rate(self.ratio), 0.5 ** ((now - s.timestamp) / self.half_life))
+                for s in self.samples.get(d, [])
+                if now - s.timestamp < self.window_seconds
+            ]
+            for d in self.deployments
+        ]
 
     def choose(self, now: float) -> int:
         weights = self.weights(now)
@@ -94,3 +109,46 @@ def _probability(rates: Sequence[float], sla: float, estimator: str) -> float:
 
 def shares_by_name(names: Sequence[str], weights: Sequence[float]) -> Mapping[str, float]:
     return dict(zip(names, weights, strict=True))
+
+
+def weighted_reference_weights(
+    rates: Sequence[Sequence[tuple[float, float]]], greediness: float, estimator: str = "normal"
+) -> list[float]:
+    """:func:`reference_weights` with a weight per sample: the pooled percentile ranks samples by their
+    weights (rank ``q * (W - 1)`` of the total weight ``W``, linear between neighbours), the normal fit and
+    the share above the SLA are weighted means."""
+    n = len(rates)
+    if greediness <= 0 or not all(rates):
+        return [1.0 / n] * n
+    pooled = sorted(pair for per in rates for pair in per)
+    total = sum(w for _, w in pooled)
+    rank = greediness * max(total - 1.0, 0.0)
+    low = math.floor(rank)
+
+    def at(k: float) -> float:
+        seen = 0.0
+        for rate, w in pooled:
+            seen += w
+            if k < seen:
+                return rate
+        return pooled[-1][0]
+
+    sla = at(low) + (rank - low) * (at(low + 1) - at(low))
+    weights = [_weighted_probability(per, sla, estimator) for per in rates]
+    weight_sum = sum(weights)
+    if weight_sum <= 0:
+        return [1.0 / n] * n
+    return [w / weight_sum for w in weights]
+
+
+def _weighted_probability(rates: Sequence[tuple[float, float]], sla: float, estimator: str) -> float:
+    total = sum(w for _, w in rates)
+    if estimator == "empirical":
+        return sum(w for r, w in rates if r > sla) / total
+    mu = sum(r * w for r, w in rates) / total
+    sigma = (sum(w * (r - mu) ** 2 for r, w in rates) / total) ** 0.5
+    if sigma <= 1e-12 * max(1.0, abs(mu)):
+        if math.isclose(mu, sla, rel_tol=1e-9, abs_tol=1e-12):
+            return 0.5
+        return 1.0 if mu > sla else 0.0
+    return float(1 - stats.norm.cdf(sla, loc=mu, scale=sigma))

@@ -24,7 +24,8 @@ class Clock:
 
 
 def settings(**overrides: Any) -> RoutingSettings:
-    """Test settings: no exploration, no recency weighting, no in-flight evidence, no load fit and no
+    """Test settings: no exploration, no recency weighting, no in-flight evidence, no load fit, no change
+    detection and no
     background refresh unless asked (tests call refresh())."""
     base: dict[str, Any] = {
         "refresh_interval": 300.0,
@@ -33,6 +34,7 @@ def settings(**overrides: Any) -> RoutingSettings:
         "sample_half_life_seconds": 0.0,
         "in_flight_evidence": False,
         "load_aware": False,
+        "change_detection_sigma": 0.0,
     }
     base.update(overrides)
     return RoutingSettings(**base)

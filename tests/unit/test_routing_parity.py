@@ -20,6 +20,8 @@ from tests.unit.routing_support import T0, Clock, candidates, settings
 WEIGHT_TOLERANCE = 0.05
 """Largest difference of one deployment's choice probability (measured worst case over 300 random
 scenarios: 0.025 normal, 0.043 empirical; typical: under 0.01)."""
+RECENCY_TOLERANCE = 0.06
+"""The same with recency weighting (buckets weighted by the age of their middle, samples by their own)."""
 
 
 def scenario(seed: int) -> tuple[list[str], list[tuple[float, str, Sample]]]:
@@ -41,9 +43,11 @@ def scenario(seed: int) -> tuple[list[str], list[tuple[float, str, Sample]]]:
 
 
 async def feed_both(
-    names: list[str], events: list[tuple[float, str, Sample]], estimator: str
+    names: list[str], events: list[tuple[float, str, Sample]], estimator: str, half_life: float = 0.0
 ) -> tuple[ReferenceBalancer, RateBalancer, Clock]:
-    reference = ReferenceBalancer(names, window_seconds=120, ratio=250, greediness=0.5, estimator=estimator)
+    reference = ReferenceBalancer(
+        names, window_seconds=120, ratio=250, greediness=0.5, estimator=estimator, half_life=half_life
+    )
     clock = Clock()
     ours = RateBalancer(
         MemoryStore(clock=clock),
@@ -53,6 +57,7 @@ async def feed_both(
             rate_limit_headroom=0.0,
             stall_latency_factor=0.0,
             bucket_seconds=2,
+            sample_half_life_seconds=half_life,
         ),
         clock=clock,
         rng=random.Random(1),
@@ -100,3 +105,19 @@ async def test_both_choose_with_the_same_frequencies() -> None:
     our_picks = Counter(ours.choose("g", candidates(*names)) for _ in range(n))
     for i in range(len(names)):
         assert our_picks[i] / n == pytest.approx(ref_picks[i] / n, abs=WEIGHT_TOLERANCE)
+
+
+@pytest.mark.parametrize("estimator", ["normal", "empirical"])
+@pytest.mark.parametrize("seed", range(8))
+async def test_recency_weighted_window_matches_the_weighted_reference(seed: int, estimator: str) -> None:
+    """With ``sample_half_life_seconds`` on, the same weights as the reference weighting each sample by its
+    exact age (ours weighs a 2 s bucket by the age of its middle: a little more tolerance)."""
+    names, events = scenario(seed)
+    reference, ours, clock = await feed_both(names, events, estimator, half_life=20.0)
+    expected = dict(zip(names, reference.weights(clock.now), strict=True))
+    got = ours.weights("g", candidates(*names))
+    for name in names:
+        assert got[name] == pytest.approx(expected[name], abs=RECENCY_TOLERANCE), (name, got, expected)
+    weights = {n: sum(w for _, w in r) for n, r in zip(names, reference.weighted_rates(clock.now), strict=True)}
+    samples = {n: e.samples for n, e in ours.estimates("g", candidates(*names)).items()}
+    assert samples == pytest.approx(weights, rel=0.05)

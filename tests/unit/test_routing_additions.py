@@ -1,0 +1,193 @@
+"""The additions to the proposal's algorithm, with explicit times: recency weighting, this replica's own
+samples seen at once, in-flight evidence, the load fit, change detection with re-measuring probes, request
+ids in the in-flight book-keeping, and the store-only status accessor."""
+
+from __future__ import annotations
+
+import pytest
+
+from litellm_ratebalance.routing import Candidate, routing_status
+from litellm_ratebalance.routing.estimator import LoadFit, RateAggregate, recency_weight
+from litellm_ratebalance.store import MemoryStore
+from tests.unit.routing_support import T0, Clock, candidates, feed, make_balancer, settings
+
+G = "group"
+AB = candidates("a", "b")
+
+
+def test_recency_weight_halves_per_half_life_and_is_off_at_zero() -> None:
+    assert recency_weight(0.0, 10.0) == 1.0
+    assert recency_weight(10.0, 10.0) == pytest.approx(0.5)
+    assert recency_weight(30.0, 10.0) == pytest.approx(0.125)
+    assert recency_weight(1e6, 0.0) == 1.0
+
+
+def test_merge_scaled_weights_every_field() -> None:
+    one = RateAggregate()
+    one.add(100.0, latency=1.0, tokens=100)
+    one.add(0.0, ok=False)
+    target = RateAggregate()
+    target.merge_scaled(one, 0.5)
+    assert (target.count, target.failures, target.rate_sum, target.tokens) == (1.0, 0.5, 50.0, 50.0)
+    assert target.mean == pytest.approx(50.0) and target.mean_ok_rate == pytest.approx(100.0)
+
+
+async def test_recency_weighting_follows_a_rate_change_before_the_window_ends() -> None:
+    """a was fast for 40 s, then slow; b steady. 12 s after the change (window 120 s): with a 4 s half-life
+    the new samples dominate a's estimate, without it the old ones still do."""
+    results = {}
+    for half_life in (0.0, 4.0):
+        balancer, clock = make_balancer(sample_half_life_seconds=half_life, bucket_seconds=1)
+        for _ in range(40):
+            feed(balancer, G, "a", [150.0, 160.0])
+            feed(balancer, G, "b", [80.0, 90.0])
+            await balancer.refresh(G)
+            clock.advance(1.0)
+        for _ in range(12):
+            feed(balancer, G, "a", [30.0, 35.0])
+            feed(balancer, G, "b", [80.0, 90.0])
+            await balancer.refresh(G)
+            clock.advance(1.0)
+        await balancer.refresh(G)
+        results[half_life] = (balancer.weights(G, AB)["a"], balancer.estimates(G, AB)["a"].mean_rate)
+    assert results[0.0][1] > 100 and results[0.0][0] > 0.5  # plain window: a still looks best
+    assert results[4.0][1] < 55 and results[4.0][0] < 0.3  # weighted: a is seen as slow
+
+
+async def test_own_samples_count_before_the_sync_and_once_after_it() -> None:
+    balancer, _ = make_balancer()
+    feed(balancer, G, "a", [100.0] * 5)
+    feed(balancer, G, "b", [50.0] * 5)
+    assert balancer.estimates(G, AB)["a"].samples == 5
+    await balancer.refresh(G)
+    assert balancer.estimates(G, AB)["a"].samples == 5  # written to the store, not counted twice
+
+
+async def test_overdue_requests_in_flight_lower_a_deployments_share() -> None:
+    balancer, clock = make_balancer(in_flight_evidence=True)
+    feed(balancer, G, "a", [100.0, 110.0, 90.0, 105.0], latency=1.0)
+    feed(balancer, G, "b", [95.0, 100.0, 90.0, 98.0], latency=1.0)
+    await balancer.refresh(G)
+    before = balancer.weights(G, AB)["a"]
+    assert before > 0.5
+    for _ in range(3):  # three requests to a that do not come back
+        balancer.choose(G, (Candidate("a"),))
+    clock.advance(0.5)
+    assert balancer.weights(G, AB)["a"] == pytest.approx(before)  # younger than its mean latency: no evidence
+    clock.advance(4.5)  # 5 s in flight where requests take 1 s: each is a sample of at most ~20 tok/s
+    assert balancer.weights(G, AB)["a"] < 0.25
+
+
+async def test_a_deployment_with_only_overdue_requests_ends_the_bootstrap() -> None:
+    balancer, clock = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0)
+    picks = {"a": 0, "b": 0}
+    while not (picks["a"] and picks["b"]):
+        picks[AB[balancer.choose(G, AB)].id] += 1
+    # a answers at 100 tok/s in 1 s; b's requests are still running 3 s later.
+    for _ in range(picks["a"]):
+        balancer.record(G, "a", latency=1.0, output_tokens=100)
+    assert balancer.estimates(G, AB)["a"].mode == "bootstrap"
+    clock.advance(3.0)
+    estimates = balancer.estimates(G, AB)
+    assert estimates["a"].mode == "weighted"
+    assert estimates["a"].share is not None and estimates["a"].share > 0.9
+
+
+def test_load_fit_peak_and_unloaded_rate() -> None:
+    fit = LoadFit()
+    assert fit.expected_rate(1.0) is None
+    # Two slots at 200 tok/s: alone or in pairs 200 each, at load 4 half of it.
+    for t, (load, rate) in enumerate([(1, 200.0), (2, 200.0), (4, 100.0), (2, 195.0)]):
+        fit.add(float(t), float(load), rate, half_life_seconds=0.0)
+    assert fit.expected_rate(1.0) == pytest.approx(198.33, rel=1e-3)  # the unloaded mean, not peak / 1
+    assert fit.expected_rate(5.0) == pytest.approx(80.0)  # peak 400 over 5 requests
+    assert fit.shift(5.0, mean_rate=150.0) == pytest.approx(-70.0)
+    assert fit.shift(1.0, mean_rate=150.0) == pytest.approx(48.33, rel=1e-3)
+
+
+def test_load_fit_peak_fades_with_its_half_life() -> None:
+    fit = LoadFit()
+    for t in range(3):
+        fit.add(float(t), 4.0, 100.0, half_life_seconds=10.0)
+    peak = fit.peak
+    fit.add(12.0, 1.0, 10.0, half_life_seconds=10.0)
+    assert fit.peak == pytest.approx(peak * 0.5)
+
+
+async def test_load_aware_shares_move_away_from_a_busy_deployment_with_few_slots() -> None:
+    balancer, clock = make_balancer(load_aware=True, stall_latency_factor=0.0)
+    view = balancer._view(G)
+    # a: 2 slots at 200 tok/s (seen at loads 1..6); b: 120 tok/s at any load seen.
+    for load, rate in [(1, 200.0), (2, 200.0), (4, 100.0), (6, 66.0), (3, 133.0)]:
+        view.loads.setdefault("a", LoadFit()).add(clock.now, float(load), rate, 0.0)
+    for load in (1, 2, 4, 6, 3):
+        view.loads.setdefault("b", LoadFit()).add(clock.now, float(load), 120.0, 0.0)
+    feed(balancer, G, "a", [200.0, 200.0, 100.0, 66.0, 133.0])
+    feed(balancer, G, "b", [115.0, 125.0, 118.0, 122.0, 120.0])
+    idle = balancer.weights(G, AB)["a"]
+    for _ in range(5):
+        balancer.choose(G, (Candidate("a"),))  # five requests in flight at a
+    busy = balancer.weights(G, AB)["a"]
+    assert idle > 0.6 and busy < 0.3, (idle, busy)
+
+
+async def test_a_surprising_sample_drops_old_samples_and_probes_the_others() -> None:
+    balancer, clock = make_balancer(change_detection_sigma=3.0, bucket_seconds=1)
+    abc = candidates("a", "b", "c")
+    feed(balancer, G, "a", [150.0, 140.0, 160.0, 150.0])
+    feed(balancer, G, "b", [60.0, 65.0, 55.0, 60.0])
+    feed(balancer, G, "c", [30.0, 32.0, 28.0, 30.0])
+    await balancer.refresh(G)
+    clock.advance(5.0)
+    assert balancer.estimates(G, abc)["a"].samples == 4
+    balancer.record(G, "a", latency=1.0, output_tokens=20)  # 20 tok/s, far below 150 +- 7
+    estimates = balancer.estimates(G, abc)
+    assert estimates["a"].samples == 1 and estimates["a"].mean_rate == pytest.approx(20.0)
+    await balancer.refresh(G)  # the shared view does not bring the old samples back
+    assert balancer.estimates(G, abc)["a"].samples == 1
+    # The next two picks re-measure b and c (one request each), then the weights decide again.
+    first, second = abc[balancer.choose(G, abc)].id, abc[balancer.choose(G, abc)].id
+    assert {first, second} == {"b", "c"}
+    assert balancer._views[G].probes == set()
+
+
+async def test_an_unsurprising_sample_changes_nothing() -> None:
+    balancer, clock = make_balancer(change_detection_sigma=3.0)
+    feed(balancer, G, "a", [150.0, 140.0, 160.0, 150.0])
+    feed(balancer, G, "b", [60.0, 65.0, 55.0, 60.0])
+    await balancer.refresh(G)
+    balancer.record(G, "a", latency=1.0, output_tokens=135)
+    assert balancer.estimates(G, AB)["a"].samples == 5 and not balancer._views[G].probes
+
+
+async def test_request_ids_match_finishes_to_their_own_start() -> None:
+    balancer, clock = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0)
+    one = (Candidate("a"),)
+    balancer.choose(G, one, request_id="slow")
+    clock.advance(1.0)
+    balancer.choose(G, one, request_id="fast")
+    clock.advance(0.2)
+    balancer.record(G, "a", latency=0.2, output_tokens=20, request_id="fast")
+    queue = balancer._views[G].in_flight["a"]
+    assert list(queue.entries) == ["slow"] and queue.oldest() == T0  # the slow one is still in flight
+    balancer.release(G, "a", request_id="slow")
+    assert len(queue) == 0
+
+
+async def test_routing_status_reads_the_store_alone() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    balancer, _ = make_balancer(clock)
+    balancer._store = store
+    feed(balancer, G, "a", [100.0, 110.0, 90.0])
+    feed(balancer, G, "b", [50.0, 55.0, 45.0])
+    await balancer.refresh(G)
+    rows = await routing_status(store, settings(), G, ["b", "a", "unknown"])
+    assert [r.deployment_id for r in rows] == ["b", "a", "unknown"]
+    by_id = {r.deployment_id: r for r in rows}
+    assert by_id["a"].samples == 3 and by_id["a"].mean_rate == pytest.approx(100.0)
+    assert by_id["a"].std_rate == pytest.approx(8.165, rel=1e-3)
+    assert by_id["unknown"].mode == "bootstrap" and by_id["a"].share == pytest.approx(1 / 3)
+    two = await routing_status(store, settings(), G, ["a", "b"])
+    live = balancer.weights(G, AB)
+    assert {r.deployment_id: r.share for r in two} == pytest.approx(live)
