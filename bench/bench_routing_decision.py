@@ -2,7 +2,8 @@
 
 Same samples in both, a window with few samples and one with very many. Printed per decision, in one run:
 
-* ``ours choose``: RateBalancer.choose on a warm view (the request path: no store call);
+* ``ours choose``: RateBalancer.choose on a warm view (the request path: no store call), plus the release
+  of the pick (what a finished request does), so the view stays in a steady state;
 * ``ours filter hook``: RateBalancerCallback.async_filter_deployments with LiteLLM deployment dicts
   (extracting the candidates, narrowing like the Router, choosing), awaited on an event loop;
 * ``ours cache miss``: the first decision for a candidate set after a sync (shares computed once);
@@ -96,16 +97,24 @@ async def main() -> int:
     worst_ours = 0.0
     for per_deployment in (10, 12_500):
         ours, reference, now = await build(per_deployment)
-        total = sum(e.samples for e in ours.estimates("g", candidates).values())
-        # The clock stands still, so the picks counted in flight (bounded deques) never look stalled.
-        choose_us = per_call_us(lambda ours=ours: ours.choose("g", candidates))
+        total = sum(len(rates) for rates in reference.rates(now))  # samples in the window (unweighted)
+        # The clock stands still; each pick is released again, as a finished request would be, so the view
+        # stays in its steady state (a handful in flight) instead of piling up picks that never finish.
+        def choose_and_finish(ours: RateBalancer = ours) -> None:
+            ours.release("g", candidates[ours.choose("g", candidates)].id)
+
+        choose_us = per_call_us(choose_and_finish)
         callback = RateBalancerCallback(balancer=ours)
-        hook_us = await per_await_us(lambda cb=callback: cb.async_filter_deployments("g", deployments, None, {}))
+        async def hook_and_finish(cb: RateBalancerCallback = callback, ours: RateBalancer = ours) -> None:
+            picked = await cb.async_filter_deployments("g", deployments, None, {})
+            ours.release("g", picked[0]["model_info"]["id"])
+
+        hook_us = await per_await_us(hook_and_finish)
 
         def cache_miss(ours: RateBalancer = ours) -> None:
             for view in ours._views.values():
                 view.cache.clear()
-            ours.choose("g", candidates)
+            ours.release("g", candidates[ours.choose("g", candidates)].id)
 
         miss_us = per_call_us(cache_miss)
         sync_us = await per_await_us(lambda ours=ours: ours.refresh("g"), min_calls=20)

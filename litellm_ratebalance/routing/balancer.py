@@ -130,56 +130,47 @@ class _Derived:
         """The same over every deployment's samples (for one without successful samples yet)."""
 
 
-class _InFlight:
+class _InFlight(dict[object, tuple[float, int]]):
     """This replica's requests in flight at one deployment, oldest first: key -> (start, load at start).
 
     The key is the request's id when the caller knows it (LiteLLM's ``litellm_trace_id``), so a finished
     request removes its own entry; picks without an id get a private key and a finish without a known id
     removes the oldest entry (requests do not finish in order, so ages are then underestimated, never
-    overestimated).
+    overestimated). A dict (insertion order = start order) so that size and truth tests cost nothing.
     """
 
-    __slots__ = ("entries",)
+    __slots__ = ()
 
     _anonymous = itertools.count()
 
-    def __init__(self) -> None:
-        self.entries: dict[object, tuple[float, int]] = {}
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
     def add(self, now: float, request_id: str | None) -> None:
-        entries = self.entries
-        if len(entries) >= _MAX_IN_FLIGHT:
-            del entries[next(iter(entries))]
+        if len(self) >= _MAX_IN_FLIGHT:
+            del self[next(iter(self))]
         key: object = request_id if request_id is not None else next(self._anonymous)
-        entries.pop(key, None)  # the same request again (a retry here): it starts anew
-        entries[key] = (now, len(entries) + 1)
+        self.pop(key, None)  # the same request again (a retry here): it starts anew
+        self[key] = (now, len(self) + 1)
 
     def take(self, request_id: str | None) -> tuple[float, int] | None:
         """Remove the request's entry (the oldest when its id is unknown); its (start, load at start)."""
-        entries = self.entries
         if request_id is not None:
-            found = entries.pop(request_id, None)
+            found = self.pop(request_id, None)
             if found is not None:
                 return found
-        if not entries:
+        if not self:
             return None
-        return entries.pop(next(iter(entries)))
+        return self.pop(next(iter(self)))
 
     def oldest(self) -> float | None:
-        for start, _ in self.entries.values():
+        for start, _ in self.values():
             return start
         return None
 
     def forget_before(self, cutoff: float) -> None:
-        entries = self.entries
-        while entries:
-            key = next(iter(entries))
-            if entries[key][0] >= cutoff:
+        while self:
+            key = next(iter(self))
+            if self[key][0] >= cutoff:
                 return
-            del entries[key]
+            del self[key]
 
 
 class _GroupView:
@@ -547,6 +538,10 @@ class RateBalancer:
         for index in [i for i in view.buckets if i < oldest]:
             del view.buckets[index]
         view.limits = snapshot.limits
+        # A pick whose call never reported back (dropped after routing) must not count for ever.
+        forgotten = self._clock() - self._max_in_flight_age
+        for queue in view.in_flight.values():
+            queue.forget_before(forgotten)
         view.derived = self._derive(view.buckets, snapshot.now_ms, view.cutoff_ms)
         # Samples recorded while this sync was in flight are not in the snapshot yet: keep them in the view.
         for deployment_id, pending in view.pending.items():
@@ -699,13 +694,10 @@ class RateBalancer:
         evidence_on = s.in_flight_evidence
         loads = view.loads if s.load_aware else None
         default_stall = s.stall_min_seconds
-        forgotten = now - self._max_in_flight_age
         out: list[DeploymentState] | None = None
+        in_flight = view.in_flight
         for i, c in enumerate(candidates):
-            queue = view.in_flight.get(c.id)
-            # A pick whose call never reported back (dropped after routing) must not count for ever.
-            if queue:
-                queue.forget_before(forgotten)
+            queue = in_flight.get(c.id)
             shift = 0.0
             if loads is not None:
                 fit = loads.get(c.id)
@@ -718,7 +710,7 @@ class RateBalancer:
                 if stall_on:
                     limit = now - derived.stall_after.get(c.id, default_stall)
                     if oldest <= limit:
-                        for started, _ in queue.entries.values():
+                        for started, _ in queue.values():
                             if started > limit or stalled >= _MAX_STALL_SCAN:
                                 break
                             stalled += 1
@@ -736,7 +728,7 @@ class RateBalancer:
                     else:
                         state_window = states[i].window
                     overdue = state_window.copy()
-                    for n, (started, _) in enumerate(queue.entries.values()):
+                    for n, (started, _) in enumerate(queue.values()):
                         age = now - started
                         if age <= latency or n >= _MAX_OVERDUE_SAMPLES:
                             break

@@ -21,7 +21,9 @@ RATES = {"fast": 120.0, "mid": 90.0, "slow": 40.0}
 
 
 def routing(**overrides: object) -> RoutingSettings:
-    base: dict[str, object] = {"refresh_interval": 0.05}
+    # The shared picture only: each replica's own requests in flight and its load fit are local by design
+    # (they adjust its live weights until its requests finish), so they are off where replicas are compared.
+    base: dict[str, object] = {"refresh_interval": 0.05, "in_flight_evidence": False, "load_aware": False}
     base.update(overrides)
     return RoutingSettings(**base)  # type: ignore[arg-type]
 

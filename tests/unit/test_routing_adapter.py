@@ -137,3 +137,86 @@ async def test_filter_errors_leave_the_routers_choice() -> None:
     callback = RateBalancerCallback(balancer=Broken())  # type: ignore[arg-type]
     healthy = [deployment("a"), deployment("b")]
     assert await callback.async_filter_deployments("g", healthy, None) == healthy
+
+
+class _Gate:
+    """Stands in for the backpressure callback's ``deployment_available``."""
+
+    def __init__(self, refusing: set[str]) -> None:
+        self.refusing = refusing
+        self.asked: list[tuple[str, str | None]] = []
+
+    def deployment_available(self, deployment_id: str, priority: str | None = None) -> bool:
+        self.asked.append((deployment_id, priority))
+        return deployment_id not in self.refusing
+
+
+async def test_filter_skips_deployments_backpressure_would_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    from litellm_ratebalance.proxy import backpressure as backpressure_module
+
+    balancer, _ = make_balancer()
+    feed(balancer, "g", "a", [200.0] * 10)  # a is by far the best...
+    feed(balancer, "g", "b", [50.0] * 10)
+    feed(balancer, "g", "c", [40.0] * 10)
+    gate = _Gate({"a"})  # ...but at its backpressure limit
+    monkeypatch.setattr(backpressure_module, "backpressure", gate)
+    callback = RateBalancerCallback(balancer=balancer)
+    deployments = [deployment("a"), deployment("b"), deployment("c")]
+    picks = {
+        (await callback.async_filter_deployments("g", deployments, None, {}))[0]["model_info"]["id"] for _ in range(30)
+    }
+    assert picks <= {"b", "c"} and "b" in picks
+    assert ("a", None) in gate.asked
+    # Every candidate refusing: the list stays as it was (backpressure then answers with its own error).
+    gate.refusing = {"a", "b", "c"}
+    assert await callback.async_filter_deployments("g", deployments, None, {}) in ([d] for d in deployments)
+    picked = {
+        (await callback.async_filter_deployments("g", deployments, None, {}))[0]["model_info"]["id"] for _ in range(20)
+    }
+    assert "a" in picked  # the balancer's own choice among all of them again
+
+
+async def test_filter_passes_the_callers_priority_to_backpressure(monkeypatch: pytest.MonkeyPatch) -> None:
+    from litellm.proxy._types import UserAPIKeyAuth
+
+    from litellm_ratebalance.proxy import backpressure as backpressure_module
+
+    balancer, _ = make_balancer()
+    gate = _Gate(set())
+    monkeypatch.setattr(backpressure_module, "backpressure", gate)
+    auth = UserAPIKeyAuth(api_key="sk-test", metadata={"priority": "batch"})
+    kwargs = {"metadata": {"user_api_key_auth": auth}}
+    await RateBalancerCallback(balancer=balancer).async_filter_deployments(
+        "g", [deployment("a"), deployment("b")], None, kwargs
+    )
+    assert set(gate.asked) == {("a", "batch"), ("b", "batch")}
+
+
+async def test_picks_and_weights_are_exported_as_metrics() -> None:
+    from prometheus_client import REGISTRY
+
+    balancer, _ = make_balancer()
+    feed(balancer, "metrics-g", "a", [200.0, 210.0, 190.0])
+    feed(balancer, "metrics-g", "b", [50.0, 55.0, 45.0])
+    callback = RateBalancerCallback(balancer=balancer)
+    deployments = [
+        {"model_name": "metrics-g", "litellm_params": {"model": f"openai/{i}"}, "model_info": {"id": i}} for i in "ab"
+    ]
+
+    def value(name: str, deployment_id: str) -> float:
+        got = REGISTRY.get_sample_value(name, {"model_group": "metrics-g", "deployment": deployment_id})
+        return got if got is not None else 0.0
+
+    before = value("litellm_ratebalance_routing_choices_total", "a") + value(
+        "litellm_ratebalance_routing_choices_total", "b"
+    )
+    for _ in range(5):
+        await callback.async_filter_deployments("metrics-g", deployments, None, {})
+    after = value("litellm_ratebalance_routing_choices_total", "a") + value(
+        "litellm_ratebalance_routing_choices_total", "b"
+    )
+    assert after - before == 5
+    weights = balancer.weights("metrics-g", deployment_candidates(deployments))
+    assert value("litellm_ratebalance_routing_weight", "a") == pytest.approx(weights["a"])
+    assert value("litellm_ratebalance_routing_estimated_rate", "a") == pytest.approx(200.0)
+    assert value("litellm_ratebalance_routing_estimated_rate", "b") == pytest.approx(50.0)

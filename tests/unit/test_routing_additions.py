@@ -152,7 +152,7 @@ async def test_a_surprising_sample_drops_old_samples_and_probes_the_others() -> 
 
 
 async def test_an_unsurprising_sample_changes_nothing() -> None:
-    balancer, clock = make_balancer(change_detection_sigma=3.0)
+    balancer, _ = make_balancer(change_detection_sigma=3.0)
     feed(balancer, G, "a", [150.0, 140.0, 160.0, 150.0])
     feed(balancer, G, "b", [60.0, 65.0, 55.0, 60.0])
     await balancer.refresh(G)
@@ -169,7 +169,7 @@ async def test_request_ids_match_finishes_to_their_own_start() -> None:
     clock.advance(0.2)
     balancer.record(G, "a", latency=0.2, output_tokens=20, request_id="fast")
     queue = balancer._views[G].in_flight["a"]
-    assert list(queue.entries) == ["slow"] and queue.oldest() == T0  # the slow one is still in flight
+    assert list(queue) == ["slow"] and queue.oldest() == T0  # the slow one is still in flight
     balancer.release(G, "a", request_id="slow")
     assert len(queue) == 0
 

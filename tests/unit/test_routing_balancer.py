@@ -330,6 +330,8 @@ async def test_picks_that_never_report_back_are_forgotten() -> None:
     clock.advance(60)
     assert balancer.weights(G, AB)["b"] < 0.15  # they look stalled for now
     clock.advance(1750)
-    # After max(900 s, the window) they are forgotten (the samples, 1810 s old, are still in the window).
+    # After max(900 s, the window) they are forgotten at the next sync (the samples, 1810 s old, are still
+    # in the window).
+    await balancer.refresh(G)
     assert 0.2 < balancer.weights(G, AB)["b"] < 0.8
     assert balancer.estimates(G, AB)["b"].in_flight == 0
