@@ -9,7 +9,7 @@ Around each call the runner adds what a shared Redis under bursts and restarts n
 
 * a gate (an ``asyncio.Semaphore`` per event loop) sized to the connection pool, so a burst waits for a
   free connection instead of failing with ``MaxConnectionsError`` (the async ``RedisCluster`` and a plain
-  ``ConnectionPool`` do not wait by themselves); the wait counts toward the call's timeout;
+  ``ConnectionPool`` do not wait by themselves); the wait is bounded by the same timeout as the call;
 * a cluster client is initialised (slot map read) once, under a lock, before the first script and again
   when redis-py marks it for re-discovery after a connection error: a burst of commands on a client that
   initialises itself concurrently can run some of them twice;
@@ -92,11 +92,11 @@ class ScriptRunner:
         cooldown_seconds: float = 1.0,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
-        """``timeout_seconds`` bounds one script call (waiting for a connection slot, connect, retries and
-        reply included); ``cooldown_seconds``: after a failure, calls fail at once for that long instead of
-        each waiting for Redis again (a circuit breaker: a down Redis must not add its timeout to every
-        request); ``max_in_flight``: at most this many calls at once per event loop, and never more than the
-        client's pool allows (per node for a cluster)."""
+        """``timeout_seconds`` bounds the wait for a connection slot (only when all are busy) and, separately,
+        the call itself (connect, retries and reply included); ``cooldown_seconds``: after a failure, calls
+        fail at once for that long instead of each waiting for Redis again (a circuit breaker: a down Redis
+        must not add its timeout to every request); ``max_in_flight``: at most this many calls at once per
+        event loop, and never more than the client's pool allows (per node for a cluster)."""
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         # A callable is asked for the client at each call: LiteLLM may replace its cached client.
@@ -155,29 +155,23 @@ class ScriptRunner:
         return script
 
     async def _gated(self, client: Any, operation: Callable[[Any], Awaitable[Any]]) -> Any:
-        state = self._loop_state(client)
-        acquired = False
-
-        async def gated() -> Any:
-            nonlocal acquired
-            await state.gate.acquire()
-            acquired = True
+        gate = self._loop_state(client).gate
+        if gate.locked():
+            # Every slot is busy: wait for one, at most the timeout (then the call gets its own timeout).
             try:
-                return await self._ready_then(state, client, operation)
-            finally:
-                state.gate.release()
-
-        # One timeout for the wait for a slot and the call together (one wait_for: cheap under bursts).
-        try:
-            return await asyncio.wait_for(gated(), self._timeout)
-        except asyncio.TimeoutError:
-            if not acquired:
+                await asyncio.wait_for(gate.acquire(), self._timeout)
+            except asyncio.TimeoutError:
                 raise _GateTimeout from None
-            raise
+        else:
+            await gate.acquire()  # a free slot: returns at once
+        try:
+            return await asyncio.wait_for(self._ready_then(client, operation), self._timeout)
+        finally:
+            gate.release()
 
-    async def _ready_then(self, state: _LoopState, client: Any, operation: Callable[[Any], Awaitable[Any]]) -> Any:
+    async def _ready_then(self, client: Any, operation: Callable[[Any], Awaitable[Any]]) -> Any:
         if _is_cluster(client) and (client is not self._initialized or getattr(client, "_initialize", False)):
-            await self._initialize(state, client)
+            await self._initialize(self._loop_state(client), client)
         return await operation(client)
 
     async def _initialize(self, state: _LoopState, client: Any) -> None:
