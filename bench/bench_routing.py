@@ -268,7 +268,8 @@ def _print_run(run: Run) -> None:
     s = run.summary
     print(
         f"  {run.strategy:24s} mean {s.mean_rate:6.1f}  p5 {s.p5_rate:6.1f}  p50 {s.p50_latency:5.2f}s  "
-        f"p95 {s.p95_latency:5.2f}s  goodput {s.goodput:6.1f}  errors {s.errors:3d}  ({run.wall_seconds:.1f}s)",
+        f"p95 {s.p95_latency:5.2f}s  goodput {s.goodput:6.1f}  errors {s.errors:3d}  ({run.wall_seconds:.1f}s)  "
+        "share " + "/".join(f"{100 * v:.0f}" for v in run.shares(sorted({r.deployment for r in run.served})).values()),
         flush=True,
     )
 

@@ -53,6 +53,8 @@ _USAGE_WINDOW_MS = 60_000
 _MAX_IN_FLIGHT = 4096
 _MAX_CACHED_SETS = 64
 _MAX_STALL_SCAN = 1024
+_SLOTS_HEADROOM = 0.5
+"""Below this fraction of its learnt slots free, a saturated deployment's share shrinks linearly."""
 _CHANGE_MIN_SAMPLES = 3.0
 """Successful samples (recency-weighted) a deployment needs before a sample can say that it changed."""
 _MAX_OVERDUE_SAMPLES = 32
@@ -699,10 +701,18 @@ class RateBalancer:
         for i, c in enumerate(candidates):
             queue = in_flight.get(c.id)
             shift = 0.0
+            spread = None
+            slots_left = 1.0
             if loads is not None:
                 fit = loads.get(c.id)
                 if fit is not None:
-                    shift = fit.shift(float(len(queue) + 1 if queue else 1), states[i].window.mean)
+                    busy = float(len(queue)) if queue else 0.0
+                    shift = fit.shift(busy + 1.0, states[i].window.mean)
+                    spread = fit.spread()
+                    slots = fit.slots()
+                    if slots is not None:
+                        # Seen saturated: scale the share down as its learnt slots fill up (to 0 when full).
+                        slots_left = headroom_multiplier(max(slots - busy, 0.0) / slots, _SLOTS_HEADROOM)
             stalled = 0
             overdue: RateAggregate | None = None
             oldest = queue.oldest() if queue else None
@@ -733,7 +743,7 @@ class RateBalancer:
                         if age <= latency or n >= _MAX_OVERDUE_SAMPLES:
                             break
                         overdue.add(work / age, latency=age)
-            if shift == 0.0 and stalled == 0 and overdue is None:
+            if shift == 0.0 and spread is None and stalled == 0 and overdue is None and slots_left == 1.0:
                 continue
             if out is None:
                 out = list(states)
@@ -743,8 +753,9 @@ class RateBalancer:
                 # A stalled request is a failure happening now: full weight.
                 recent_attempts=state.recent_attempts + stalled,
                 recent_failures=state.recent_failures + stalled,
-                capacity=state.capacity,
+                capacity=state.capacity * slots_left,
                 load_shift=shift,
+                load_spread=spread,
             )
         return out
 

@@ -354,7 +354,13 @@ def _order_statistic(ordered: Sequence[tuple[int, float]], k: float) -> float:
     return bin_bounds(ordered[-1][0])[1]
 
 
-def probability_above(aggregate: RateAggregate, sla: float, estimator: EstimatorName, shift: float = 0.0) -> float:
+def probability_above(
+    aggregate: RateAggregate,
+    sla: float,
+    estimator: EstimatorName,
+    shift: float = 0.0,
+    spread: float | None = None,
+) -> float:
     """Estimated probability that a request to this deployment beats rate ``sla`` (0 with no samples).
 
     ``shift`` moves the deployment's rate distribution (tokens/s; the load correction, see
@@ -366,7 +372,7 @@ def probability_above(aggregate: RateAggregate, sla: float, estimator: Estimator
     if estimator == "empirical":
         return _share_above(aggregate, max(sla - shift, 0.0))
     mean = aggregate.mean + shift
-    std = aggregate.std
+    std = aggregate.std if spread is None else min(aggregate.std, spread)
     if std <= 1e-12 * max(1.0, abs(mean)):
         # Identical samples: the normal fit degenerates to a point mass at the mean.
         if math.isclose(mean, sla, rel_tol=1e-9, abs_tol=1e-12):
@@ -421,6 +427,9 @@ class DeploymentState:
     load_shift: float = 0.0
     """Expected change of the deployment's rate (tokens/s) at its current load against the load its samples
     were taken at (:meth:`LoadFit.shift`); 0 without load awareness."""
+    load_spread: float | None = None
+    """Spread of the rate once the load is known (:meth:`LoadFit.spread`); the normal fit uses it when it
+    is smaller than the window's, so the estimate at the current load is as sharp as the load model is."""
 
 
 Mode = Literal["round_robin", "bootstrap", "weighted"]
@@ -468,7 +477,9 @@ def compute_shares(
         mode = "weighted"
         if sla is None:
             sla = pooled_percentile((state.window for state in states), greediness)
-        probabilities = [probability_above(state.window, sla, estimator, state.load_shift) for state in states]
+        probabilities = [
+            probability_above(state.window, sla, estimator, state.load_shift, state.load_spread) for state in states
+        ]
         if prior_samples > 0:
             # A few samples say little: pull the estimate toward the share of all samples above the SLA
             # (1 - greediness) as if prior_samples typical samples were added, so a quiet deployment is
@@ -507,6 +518,11 @@ def recency_weight(age_seconds: float, half_life_seconds: float) -> float:
     return float(0.5 ** (max(age_seconds, 0.0) / half_life_seconds))
 
 
+SATURATION_EVIDENCE = 0.8
+"""A deployment counts as seen saturated when its peak throughput is below this share of what its busiest
+load would give at the unloaded rate."""
+
+
 class LoadFit:
     """How a deployment's rate depends on its load (requests in flight there), from its successful samples.
 
@@ -525,7 +541,16 @@ class LoadFit:
     sample at that load corrects.
     """
 
-    __slots__ = ("last", "peak", "samples", "unloaded_sum", "unloaded_weight")
+    __slots__ = (
+        "last",
+        "max_load",
+        "peak",
+        "residual_sq_sum",
+        "residual_weight",
+        "samples",
+        "unloaded_sum",
+        "unloaded_weight",
+    )
 
     MIN_SAMPLES = 3
     """Samples before the fit says anything."""
@@ -536,6 +561,9 @@ class LoadFit:
         self.samples = 0
         self.unloaded_sum = 0.0
         self.unloaded_weight = 0.0
+        self.residual_sq_sum = 0.0
+        self.residual_weight = 0.0
+        self.max_load = 0.0
         self.last = float("-inf")
 
     def add(self, now: float, load: float, rate: float, half_life_seconds: float) -> None:
@@ -544,9 +572,18 @@ class LoadFit:
             self.peak *= factor
             self.unloaded_sum *= factor
             self.unloaded_weight *= factor
+            self.residual_sq_sum *= factor
+            self.residual_weight *= factor
+            self.max_load *= factor
+        predicted = self.expected_rate(load)
+        if predicted is not None:
+            # How far samples fall from the prediction at their own load: the spread left once load is known.
+            self.residual_sq_sum += (rate - predicted) ** 2
+            self.residual_weight += 1.0
         self.last = max(self.last, now)
         self.samples += 1
         self.peak = max(self.peak, load * rate)
+        self.max_load = max(self.max_load, load)
         if load <= self.UNLOADED_LOAD:
             self.unloaded_sum += rate
             self.unloaded_weight += 1.0
@@ -559,6 +596,24 @@ class LoadFit:
         if self.unloaded_weight > 0.5:
             expected = min(expected, self.unloaded_sum / self.unloaded_weight)
         return expected
+
+    def slots(self) -> float | None:
+        """Requests the deployment serves at full speed, ``peak / unloaded rate``, once it has been seen
+        saturated (busier than that, and slower for it); None while every load seen was served at about
+        full speed (its capacity is then unknown, not small)."""
+        if self.samples < self.MIN_SAMPLES or self.unloaded_weight <= 0.5:
+            return None
+        unloaded = self.unloaded_sum / self.unloaded_weight
+        if unloaded <= 0.0:
+            return None
+        slots = self.peak / unloaded
+        return slots if slots < SATURATION_EVIDENCE * self.max_load else None
+
+    def spread(self) -> float | None:
+        """Root mean square distance of the samples from the prediction at their load (None: too few)."""
+        if self.residual_weight < self.MIN_SAMPLES:
+            return None
+        return math.sqrt(self.residual_sq_sum / self.residual_weight)
 
     def shift(self, load: float, mean_rate: float) -> float:
         """``expected_rate(load) - mean_rate``: negative when the deployment is busier than its samples say
