@@ -29,10 +29,10 @@ def redis_cluster() -> Iterator[RedisClusterNodes]:
 
 
 SUITE_MAX_CONNECTIONS = 256
-"""Per node. The async ``RedisCluster`` has no blocking pool: past ``max_connections`` (redis-py's default
-is 100) a call raises ``MaxConnectionsError`` at once instead of waiting. The suites fire bursts of 200
-concurrent calls at one slot, so the suites' client gets room for them; test_cluster_hooks.py shows what a
-default-sized client does with such a burst."""
+"""Per node. The async ``RedisCluster`` has no blocking pool (past ``max_connections``, redis-py's default
+100, a call raises ``MaxConnectionsError``); the store's gate keeps its calls in flight at or below the
+client's limit, so a burst waits instead. The suites fire bursts of 200 concurrent calls at one slot; this
+size lets them run at once; test_cluster_hooks.py shows a default-sized client taking such a burst."""
 
 
 @pytest.fixture
