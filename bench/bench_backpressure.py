@@ -43,6 +43,7 @@ import aiohttp
 import litellm
 from litellm.proxy._types import UserAPIKeyAuth
 from litellm.router import Router
+from prometheus_client import REGISTRY
 
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
@@ -191,6 +192,14 @@ async def wait_idle(server: InferenceServerProcess) -> None:
             await asyncio.sleep(0.1)
 
 
+def queue_wait_totals() -> tuple[float, float]:
+    """(count, sum) of the layer's queue-wait histogram so far (the default registry, deployment gpu1)."""
+    labels = {"deployment": "gpu1"}
+    name = "litellm_ratebalance_backpressure_queue_wait_seconds"
+    count = REGISTRY.get_sample_value(name + "_count", labels) or 0.0
+    return count, REGISTRY.get_sample_value(name + "_sum", labels) or 0.0
+
+
 def p95(values: Sequence[float]) -> float:
     if not values:
         return float("nan")
@@ -244,7 +253,7 @@ async def main(argv: Sequence[str]) -> int:
         saved_callbacks = list(litellm.callbacks)
         litellm.callbacks = []
         plain = router_for(server.api_base)
-        unloaded = await measure_unloaded(plain, rng, 48)
+        unloaded = await measure_unloaded(plain, rng, 96)
         unloaded_p95 = p95(unloaded)
         jobs = make_jobs(rng, rate, args.seconds, HIGH_SHARE)
 
@@ -280,15 +289,27 @@ async def main(argv: Sequence[str]) -> int:
         await wait_idle(server)
         await server.reset()
         samples: list[dict[str, Any]] = []
+        lags: list[float] = []
 
         async def watch() -> None:
             while True:
                 await asyncio.sleep(0.5)
                 samples.append(dict(callback.snapshot().get("gpu1", {})))
 
-        watcher = asyncio.create_task(watch())
+        async def loop_lag() -> None:
+            # How late a 10 ms sleep wakes up: the load generator, the Router and the layer share this event
+            # loop (and the machine), and every millisecond of lag is latency no admission policy can remove.
+            while True:
+                started = time.monotonic()
+                await asyncio.sleep(0.01)
+                lags.append(time.monotonic() - started - 0.01)
+
+        queue_before = queue_wait_totals()
+        watchers = [asyncio.create_task(watch()), asyncio.create_task(loop_lag())]
         results = await run_open_loop(layered, jobs)
-        watcher.cancel()
+        for watcher in watchers:
+            watcher.cancel()
+        queued, waited = (after - before for after, before in zip(queue_wait_totals(), queue_before, strict=True))
         with_layer = summarise(results, args.seconds, (await server.stats()).oom_failures)
         if args.debug:
             for sample in samples:
@@ -328,11 +349,22 @@ async def main(argv: Sequence[str]) -> int:
                 f"{without[tier][key]}/{without[tier]['sent']}",
                 f"{with_layer[tier][key]}/{with_layer[tier]['sent']}",
             )
+        row(f"{tier}: p50 latency", f"{without[tier]['p50']:.2f}s", f"{with_layer[tier]['p50']:.2f}s")
         row(f"{tier}: p95 latency", f"{without[tier]['p95']:.2f}s", f"{with_layer[tier]['p95']:.2f}s")
     row("goodput (tokens/s)", f"{without['goodput']:.0f}", f"{with_layer['goodput']:.0f}")
     row("goodput / capacity", f"{without['goodput'] / capacity:.0%}", f"{with_layer['goodput'] / capacity:.0%}")
     print(f"shed reasons with the layer: {with_layer['reasons']}")
-    print(f"\nlayer's final view: limit {view.get('limit')}, mean latency {view.get('mean_latency_seconds') or 0:.2f}s")
+    print(
+        f"queued with the layer: {queued:.0f} requests waited for a slot, {waited / max(1.0, queued):.2f}s on "
+        f"average; event-loop lag p95 {p95(lags) * 1000:.0f} ms, max {max(lags, default=0.0) * 1000:.0f} ms"
+    )
+    limits = sorted(int(sample["limit"]) for sample in samples if "limit" in sample)
+    if limits:
+        print(
+            f"\nlayer's concurrency limit, sampled every 0.5s: min {limits[0]}, median "
+            f"{limits[len(limits) // 2]}, max {limits[-1]} (knee {SPEC.knee}); final view: limit "
+            f"{view.get('limit')}, mean latency {view.get('mean_latency_seconds') or 0:.2f}s"
+        )
 
     high_ratio = with_layer["high"]["p95"] / unloaded_p95
     shed_rate = {t: with_layer[t]["shed"] / max(1, with_layer[t]["sent"]) for t in ("high", "low")}

@@ -47,13 +47,15 @@ class LimitSettings(SettingsModel):
     min_limit: Slots = 1
     max_limit: Slots = 256
     tolerance: Annotated[float, Field(ge=1.0, le=10.0)] = 1.1
-    """How far the per-token latency may rise above its no-load baseline before the limit shrinks. The
-    default favours latency (the limit settles just past the server's knee); 1.3-1.5 trades latency for
-    throughput on batch-only deployments."""
+    """How far the per-token latency may rise above its no-load baseline before the limit stops probing and
+    shrinks: the limit settles near ``tolerance x`` the server's knee (the batch size past which its
+    per-token latency climbs). The default favours latency; 1.3-1.5 trades latency for throughput on
+    batch-only deployments."""
     smoothing: Annotated[float, Field(ge=0.01, le=1.0)] = 0.2
     """Weight of each new estimate in the limit (and of each sample in the short-term latency)."""
     growth: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0
-    """Slots of headroom probed above the current limit while latency stays within tolerance."""
+    """Slots probed per turnover of the slots while latency stays within tolerance (per sample,
+    ``smoothing x growth``, until the first back-off)."""
     backoff_ratio: Annotated[float, Field(ge=0.1, le=1.0)] = 0.9
     """Factor applied to the limit on a dropped request (server error, timeout, simulated OOM)."""
     drop_cooldown_seconds: Annotated[float, Field(ge=0.0, le=3600.0)] = 1.0

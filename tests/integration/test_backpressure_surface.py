@@ -258,3 +258,23 @@ async def test_a_request_cancelled_while_queued_leaves_no_trace(build: Build) ->
     assert store.granted == store.released == 1  # the queued request never took a slot
     assert (drops("gpu1"), refusals("concurrency_limit"), refusals("queue_overflow")) == before
     assert server.stats.completed == 1
+
+
+# -- metrics --------------------------------------------------------------------------------------------------
+
+
+async def test_each_refusal_is_counted_once_by_model_group_tier_and_reason(build: Build) -> None:
+    store = CountingStore()
+    router, _, _ = await build(
+        {"tiers": ["low", "high"], "limit": {"initial_limit": 2, "min_limit": 2, "max_limit": 2}},
+        [ServerSpec(step_seconds=0.002)],
+        store=store,
+    )
+    # Another replica holds one of the two slots: the low tier may use floor(0.85 x 2) = 1, the high tier 2.
+    assert (await store.lease_acquire("gpu1", "other-replica", slot_cap=2, ttl_ms=60_000)).acquired
+    low_before, high_before = refusals("compute_saturation", "low"), refusals("compute_saturation", "high")
+    result = await call(router, "low", max_tokens=5)
+    assert outcome(result) == (503, "compute_saturation")
+    assert refusals("compute_saturation", "low") == low_before + 1
+    assert outcome(await call(router, "high", max_tokens=5)) == (200, None)
+    assert refusals("compute_saturation", "high") == high_before
