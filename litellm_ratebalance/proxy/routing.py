@@ -157,11 +157,20 @@ _estimated_rate = metrics.gauge(
     _METRIC_LABELS,
 )
 _gauges_updated: dict[str, float] = {}
+_choice_children: dict[tuple[str, str], Any] = {}
+"""Labelled counter children by (model group, deployment): ``labels()`` costs more than the increment."""
+_MAX_CHILDREN = 4096
 
 
 def _export(balancer: RateBalancer, model_group: str, candidates: Sequence[Candidate], index: int) -> None:
     """Count the pick; refresh the weight / rate gauges of the group at most once per refresh interval."""
-    _choices.labels(model_group, candidates[index].id).inc()
+    key = (model_group, candidates[index].id)
+    child = _choice_children.get(key)
+    if child is None:
+        if len(_choice_children) >= _MAX_CHILDREN:
+            _choice_children.clear()  # a changed model list; the series themselves stay in the registry
+        child = _choice_children[key] = _choices.labels(*key)
+    child.inc()
     now = time.monotonic()
     if now - _gauges_updated.get(model_group, float("-inf")) < balancer.settings.refresh_interval:
         return

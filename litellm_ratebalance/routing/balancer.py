@@ -184,6 +184,7 @@ class _GroupView:
         "cutoff_ms",
         "derived",
         "in_flight",
+        "last_attempt",
         "last_sync",
         "limits",
         "loads",
@@ -214,6 +215,8 @@ class _GroupView:
         """Per deployment: store time (ms) before which its samples are ignored (a change was detected)."""
         self.changed: dict[str, float] = {}
         """Per deployment: local time of its last detected change (at most one per half-life)."""
+        self.last_attempt: dict[str, float] = {}
+        """Per deployment: local time of this replica's last pick of it."""
         self.probes: set[str] = set()
         """Deployments to send one request each, to re-measure them after another one changed."""
         self.loads: dict[str, LoadFit] = {}
@@ -285,9 +288,10 @@ class RateBalancer:
             index = 0
         else:
             shares = self._shares(view, candidates, now, detect=True).shares
-            probe = self._probe(view, candidates)
+            probe = self._probe(view, candidates, now)
             index = self._draw(shares) if probe is None else probe
         chosen = candidates[index]
+        view.last_attempt[chosen.id] = now
         if chosen.input_to_output_ratio is not None:
             view.ratios[chosen.id] = chosen.input_to_output_ratio
         if self._track_in_flight:
@@ -841,16 +845,26 @@ class RateBalancer:
         view.cache.clear()
         return True
 
-    def _probe(self, view: _GroupView, candidates: Sequence[Candidate]) -> int | None:
-        """Index of a candidate due for a re-measuring request (None: none due); each is sent one, unless it
-        has a request in flight already."""
-        if not view.probes:
+    def _probe(self, view: _GroupView, candidates: Sequence[Candidate], now: float) -> int | None:
+        """Index of a candidate due for a re-measuring request (None: none due), unless it has a request in
+        flight already: after another deployment changed, each one once; and a deployment whose recent
+        attempts mostly failed, once per ``failure_half_life_seconds`` (so its recovery is seen within a
+        few seconds, at the cost of one request each time it is still failing)."""
+        if view.probes:
+            for i, c in enumerate(candidates):
+                if c.id in view.probes:
+                    view.probes.discard(c.id)
+                    if not view.in_flight.get(c.id):
+                        return i
+        retry_after = self.settings.failure_half_life_seconds
+        if retry_after <= 0 or self.settings.failure_penalty <= 0:
             return None
+        weights = view.derived.failure_weights
         for i, c in enumerate(candidates):
-            if c.id in view.probes:
-                view.probes.discard(c.id)
-                if not view.in_flight.get(c.id):
-                    return i
+            attempts, failures = weights.get(c.id, (0.0, 0.0))
+            due = now - view.last_attempt.get(c.id, now) >= retry_after
+            if failures > 0.5 * attempts > 0.0 and due and not view.in_flight.get(c.id):
+                return i
         return None
 
     def _draw(self, shares: Sequence[float]) -> int:

@@ -191,3 +191,47 @@ async def test_routing_status_reads_the_store_alone() -> None:
     two = await routing_status(store, settings(), G, ["a", "b"])
     live = balancer.weights(G, AB)
     assert {r.deployment_id: r.share for r in two} == pytest.approx(live)
+
+
+def test_load_fit_learns_slots_only_once_saturated() -> None:
+    fit = LoadFit()
+    for t, load in enumerate([1.0, 2.0, 1.0, 3.0]):  # 12 slots, never busy enough to slow down
+        fit.add(float(t), load, 150.0, half_life_seconds=0.0)
+    assert fit.slots() is None
+    for t, load in enumerate([4.0, 6.0], start=10):  # 2 slots at 150 tok/s shared by 4, then 6 requests
+        fit.add(float(t), load, 300.0 / load, half_life_seconds=0.0)
+    slots = fit.slots()
+    assert slots is not None and slots == pytest.approx(450.0 / 150.0)  # the peak 3 x 150 came at load 3
+    assert fit.spread() is not None
+
+
+async def test_shares_shrink_as_learnt_slots_fill_up() -> None:
+    balancer, clock = make_balancer(load_aware=True, stall_latency_factor=0.0)
+    feed(balancer, G, "a", [200.0, 200.0, 200.0, 100.0, 66.7])
+    feed(balancer, G, "b", [90.0, 110.0, 95.0, 105.0, 100.0])
+    fit = balancer._view(G).loads["a"] = LoadFit()  # as if a's samples had come at these loads
+    for load, rate in [(1.0, 200.0), (2.0, 200.0), (1.0, 200.0), (4.0, 100.0), (6.0, 66.7)]:
+        fit.add(clock.now, load, rate, 0.0)
+    assert fit.slots() == pytest.approx(2.0, rel=0.01)
+    balancer.choose(G, (Candidate("a"),))
+    one_busy = balancer.weights(G, AB)["a"]
+    balancer.choose(G, (Candidate("a"),))
+    assert one_busy > 0.5 and balancer.weights(G, AB)["a"] < 0.01  # both learnt slots taken
+
+
+async def test_a_failing_deployment_is_retried_once_per_failure_half_life() -> None:
+    balancer, clock = make_balancer(failure_half_life_seconds=2.0, failure_window_seconds=10, bucket_seconds=1)
+    feed(balancer, G, "b", [100.0] * 10)
+    for _ in range(10):
+        balancer.record(G, "a", latency=0.1, ok=False)
+    await balancer.refresh(G)
+    assert balancer.weights(G, AB)["a"] < 0.01
+    view = balancer._view(G)
+    view.last_attempt["a"] = clock.now
+    clock.advance(1.0)
+    assert [AB[balancer.choose(G, AB)].id for _ in range(20)].count("a") <= 1  # not due yet (shares only)
+    view.in_flight.clear()
+    view.last_attempt["a"] = clock.now
+    clock.advance(2.0)
+    assert AB[balancer.choose(G, AB)].id == "a"  # due: one request to see whether it recovered
+    assert AB[balancer.choose(G, AB)].id == "b"  # and not another while that one is in flight
