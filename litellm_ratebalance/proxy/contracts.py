@@ -55,6 +55,7 @@ from litellm_ratebalance.contracts.policy import (
 )
 from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
+from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime
 from litellm_ratebalance.proxy.tokens import actual_tokens, estimate_tokens, usage_of
 from litellm_ratebalance.settings import Settings
@@ -231,16 +232,14 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
         request_headers: dict[str, str] | None = None,
         litellm_call_info: dict[str, object] | None = None,
     ) -> dict[str, str] | None:
-        entry = _entry(data)
-        headers = entry.get("headers") if entry is not None else None
-        return dict(headers) if isinstance(headers, dict) else None
+        return stored_headers(find_entry(data, ENTRY_KEY))
 
     async def async_log_success_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
         started = time.perf_counter()
         try:
-            entry = _entry(kwargs)
+            entry = find_entry(kwargs, ENTRY_KEY)
             ticket = self._tickets.pop(str(entry.get("id")), None) if entry is not None else None
             if ticket is not None:
                 used = actual_tokens(usage_of(kwargs, response_obj), "total")
@@ -367,14 +366,14 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
             tickets.popitem(last=False)
         ticket_id = uuid.uuid4().hex
         tickets[ticket_id] = _Ticket(feature, admission.window_start, estimate, now + contracts.counter_ttl_seconds)
-        entry = _entry(data)
+        entry = find_entry(data, ENTRY_KEY)
         if entry is not None:
             entry["id"] = ticket_id
 
     def _release(self, container: Mapping[str, Any]) -> None:
         """A failed attempt: give its estimate back once; the ticket stays for a later success (retries)."""
         try:
-            entry = _entry(container)
+            entry = find_entry(container, ENTRY_KEY)
             ticket = self._tickets.get(str(entry.get("id"))) if entry is not None else None
             if ticket is None or ticket.held_tokens == 0:
                 return
@@ -436,22 +435,6 @@ def _annotate(data: dict[str, Any], feature: str, rpm_mode: str, tpm_mode: str) 
     headers = {FEATURE_HEADER: feature, RPM_MODE_HEADER: rpm_mode, TPM_MODE_HEADER: tpm_mode}
     metadata[ENTRY_KEY] = {"headers": headers}
     return headers
-
-
-def _entry(container: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Our entry in request data or logging kwargs (LiteLLM moves metadata around between them)."""
-    if not isinstance(container, Mapping):
-        return None
-    candidates: list[Any] = [container.get("metadata"), container.get("litellm_metadata")]
-    params = container.get("litellm_params")
-    if isinstance(params, Mapping):
-        candidates.extend((params.get("metadata"), params.get("litellm_metadata")))
-    for metadata in candidates:
-        if isinstance(metadata, Mapping):
-            entry = metadata.get(ENTRY_KEY)
-            if isinstance(entry, dict):
-                return entry
-    return None
 
 
 def _body_feature(data: Mapping[str, Any]) -> object:

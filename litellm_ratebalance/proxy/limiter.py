@@ -44,6 +44,7 @@ from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.capacity import Capacity, CapacityCache
 from litellm_ratebalance.proxy.identity import resolve_priority
+from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 from litellm_ratebalance.proxy.tokens import actual_tokens, estimate_tokens, usage_of
 from litellm_ratebalance.settings import Settings
@@ -169,13 +170,17 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             return
         if not capacity.limited:
             return  # nothing to enforce: no store round trip at all
+        # Count under the model group (or wildcard route) whose capacity applies, never under the name the
+        # request made up: with a route like ``openai/*`` every name it matches shares one window and one
+        # set of metric labels.
+        requested_model, model_group = model_group, capacity.model_group or model_group
         priority = resolve_priority(user_api_key_dict, derived.reservations)
         priority_label = priority if priority is not None else "default"
         limits = self._limits(derived, capacity, priority)
         limiter_settings = derived.settings.ratebalance.limiter
         cost = (
             estimate_tokens(
-                model_group,
+                requested_model,
                 data,
                 derived.settings.effective_token_type,
                 0 if _produces_no_output(call_type) else limiter_settings.default_output_tokens,
@@ -236,11 +241,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         request_headers: dict[str, str] | None = None,
         litellm_call_info: dict[str, object] | None = None,
     ) -> dict[str, str] | None:
-        entry = _ticket_entry(data)
-        if entry is None or response is None:
-            return None
-        headers = entry.get("headers")
-        return dict(headers) if isinstance(headers, dict) else None
+        return stored_headers(find_entry(data, TICKET_KEY)) if response is not None else None
 
     async def async_log_success_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
@@ -252,7 +253,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             self._latency.labels("limiter", "log_success").observe(time.perf_counter() - started)
 
     async def _reconcile(self, kwargs: dict[str, Any], response_obj: Any) -> None:
-        entry = _ticket_entry(kwargs)
+        entry = find_entry(kwargs, TICKET_KEY)
         if entry is None:
             return
         ticket = self._take(str(entry.get("id")), keep_window=True)
@@ -269,7 +270,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
     ) -> None:
         started = time.perf_counter()
         try:
-            entry = _ticket_entry(kwargs)
+            entry = find_entry(kwargs, TICKET_KEY)
             if entry is not None:
                 await self._release(str(entry.get("id")), kwargs.get("exception"))
         finally:
@@ -284,7 +285,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
     ) -> Any:
         started = time.perf_counter()
         try:
-            entry = _ticket_entry(request_data)
+            entry = find_entry(request_data, TICKET_KEY)
             if entry is not None:
                 await self._release(str(entry.get("id")), original_exception)
         finally:
@@ -343,23 +344,6 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
 def _produces_no_output(call_type: Any) -> bool:
     """True for embeddings and the like (the proxy passes its route type, e.g. ``"aembedding"``)."""
     return str(getattr(call_type, "value", call_type)) in _NO_OUTPUT_CALL_TYPES
-
-
-def _ticket_entry(container: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Our ticket in request data or logging kwargs (LiteLLM moves metadata around between them)."""
-    if not isinstance(container, Mapping):
-        return None
-    candidates: list[Any] = [container.get("metadata"), container.get("litellm_metadata")]
-    params = container.get("litellm_params")
-    if isinstance(params, Mapping):
-        candidates.append(params.get("metadata"))
-        candidates.append(params.get("litellm_metadata"))
-    for metadata in candidates:
-        if isinstance(metadata, Mapping):
-            entry = metadata.get(TICKET_KEY)
-            if isinstance(entry, dict):
-                return entry
-    return None
 
 
 rate_limiter = PriorityRateLimiter()

@@ -153,3 +153,25 @@ def test_the_capacity_cache_is_a_bounded_lru_that_never_stores_unknown_names() -
         assert (capacity.rpm, capacity.model_group) == (7, "openai/*")
     assert len(cache) == 3
     assert cache.get(router, "a").model_group == "a"
+
+
+async def test_names_under_a_wildcard_route_share_one_window_and_one_label_set(redis_client: Any) -> None:
+    """A route like ``openai/*`` with an rpm matches any name a client makes up: every such request counts
+    in the route's one window (the limit is the route's), not in a key (and metric labels) per name."""
+    store = RedisStore(redis_client, KeySpace(PREFIX))
+    rate_limiter = limiter.make_limiter(store, CountingRouter([]), {"ratebalance": {"key_prefix": PREFIX}})
+    refused = 0
+    for index in range(12):
+        outcome = await limiter.call(rate_limiter, limiter.request(f"openai/made-up-{index}"), limiter.auth())
+        refused += outcome is not None
+    keys = [key async for key in redis_client.scan_iter(match=f"{PREFIX}:*")]
+    assert len(keys) == 1
+    assert refused == 12 - 7  # the route's rpm 7 holds across all the names
+    labels = {
+        sample.labels.get("model")
+        for family in REGISTRY.collect()
+        if family.name == "litellm_ratebalance_admission_decisions"
+        for sample in family.samples
+    }
+    assert "openai/*" in labels
+    assert not any(str(label).startswith("openai/made-up-") for label in labels)
