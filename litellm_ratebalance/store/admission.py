@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from redis.exceptions import RedisError
-
 from litellm_ratebalance.admission.policy import (
     AdmissionLimits,
     RejectReason,
@@ -27,7 +25,6 @@ from litellm_ratebalance.admission.policy import (
     decide,
     protected_room,
 )
-from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.store._scripts import ScriptRunner
 from litellm_ratebalance.store.keys import KeySpace
 
@@ -145,10 +142,9 @@ class RedisAdmissionStore:
         return bool(int(reply))
 
     async def admission_snapshot(self, model_group: str, window_ms: int) -> AdmissionSnapshot | None:
-        try:
-            raw = await self._runner.client.hgetall(self._keys.admission_window(model_group))
-        except RedisError as exc:
-            raise StoreError(f"reading admission window failed: {type(exc).__name__}") from exc
+        key = self._keys.admission_window(model_group)
+        # Through the runner: the same connection gate, timeout, breaker and error mapping as the scripts.
+        raw = await self._runner.call("reading the admission window", lambda client: client.hgetall(key))
         if not raw:
             return None
         values = {_text(k): int(_text(v)) for k, v in raw.items()}

@@ -27,8 +27,6 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
-from redis.exceptions import RedisError
-
 from litellm_ratebalance.contracts.policy import (
     BASKET_FIELD,
     ContractAdmission,
@@ -183,16 +181,18 @@ class RedisContractStore:
         return ContractSettlement(bool(applied), f_tok, b_tok)
 
     async def contract_window(self, window_seconds: int, window_start: int | None = None) -> ContractWindow | None:
-        client = self._runner.client
-        try:
-            if window_start is None:
+        async def read(client: Any) -> tuple[int, Any, Any]:
+            start = window_start
+            if start is None:
                 seconds, _micros = await client.time()
-                window_start = (int(seconds) // window_seconds) * window_seconds
-            rpm = await client.hgetall(self._keys.contract_window("rpm", window_start))
-            tpm = await client.hgetall(self._keys.contract_window("tpm", window_start))
-        except (RedisError, OSError) as exc:
-            raise StoreError(f"reading traffic contract counters failed: {type(exc).__name__}") from exc
-        return _window_from_hashes(window_start, rpm, tpm)
+                start = (int(seconds) // window_seconds) * window_seconds
+            rpm = await client.hgetall(self._keys.contract_window("rpm", start))
+            tpm = await client.hgetall(self._keys.contract_window("tpm", start))
+            return start, rpm, tpm
+
+        # Through the runner: the same connection gate, timeout, breaker and error mapping as the scripts.
+        start, rpm, tpm = await self._runner.call("reading traffic contract counters", read)
+        return _window_from_hashes(start, rpm, tpm)
 
 
 class MemoryContractStore:
