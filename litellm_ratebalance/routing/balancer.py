@@ -53,6 +53,8 @@ _USAGE_WINDOW_MS = 60_000
 _MAX_IN_FLIGHT = 4096
 _MAX_CACHED_SETS = 64
 _MAX_STALL_SCAN = 1024
+_LOCAL_RECOMPUTE_SECONDS = 0.05
+"""Cached shares include this replica's newest samples at most this late (the next sync includes them all)."""
 _SLOTS_HEADROOM = 0.5
 """Below this fraction of its learnt slots free, a saturated deployment's share shrinks linearly."""
 _CHANGE_MIN_SAMPLES = 3.0
@@ -183,6 +185,7 @@ class _GroupView:
         "closed_through",
         "cutoff_ms",
         "derived",
+        "dirty_at",
         "in_flight",
         "last_attempt",
         "last_sync",
@@ -215,6 +218,8 @@ class _GroupView:
         """Per deployment: store time (ms) before which its samples are ignored (a change was detected)."""
         self.changed: dict[str, float] = {}
         """Per deployment: local time of its last detected change (at most one per half-life)."""
+        self.dirty_at: float | None = None
+        """Local time of the first own sample the cached shares do not include yet."""
         self.last_attempt: dict[str, float] = {}
         """Per deployment: local time of this replica's last pick of it."""
         self.probes: set[str] = set()
@@ -553,10 +558,12 @@ class RateBalancer:
         for deployment_id, pending in view.pending.items():
             self._add_local(view, deployment_id, pending)
         view.cache.clear()
+        view.dirty_at = None
 
     def _add_local(self, view: _GroupView, deployment_id: str, sample: RateAggregate) -> None:
         """Count a sample of this replica in the local view until a sync brings it back from the store."""
         derived = view.derived
+        new = deployment_id not in derived.window
         _add_to(derived.window_full, deployment_id, sample)
         if derived.window is not derived.window_full:
             _add_to(derived.window, deployment_id, sample)
@@ -566,7 +573,12 @@ class RateBalancer:
         derived.failure_weights[deployment_id] = (attempts + sample.count, failures + sample.failures)
         if deployment_id not in derived.expected:
             self._set_expected(derived, deployment_id)
-        view.cache.clear()
+        if new:
+            view.cache.clear()  # a candidate set may leave the bootstrap now
+        elif view.dirty_at is None:
+            # The cached shares lag behind this sample: recomputed within _LOCAL_RECOMPUTE_SECONDS (not at
+            # every finish, which at high traffic would make nearly every decision a cache miss).
+            view.dirty_at = self._clock()
 
     def _set_expected(self, derived: _Derived, deployment_id: str) -> None:
         window = derived.window_full.get(deployment_id)
@@ -652,6 +664,9 @@ class RateBalancer:
         """Shares of a candidate set now: the cached ones of this sync, adjusted for what the requests in
         flight here show (stalls, overdue requests, load) when there are any."""
         key = tuple(candidates)
+        if view.dirty_at is not None and now - view.dirty_at >= _LOCAL_RECOMPUTE_SECONDS:
+            view.cache.clear()
+            view.dirty_at = None
         cached = view.cache.get(key)
         if cached is None:
             cached = self._compute(view, candidates)

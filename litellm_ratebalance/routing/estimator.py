@@ -542,6 +542,7 @@ class LoadFit:
     """
 
     __slots__ = (
+        "_derived",
         "last",
         "max_load",
         "peak",
@@ -565,6 +566,7 @@ class LoadFit:
         self.residual_weight = 0.0
         self.max_load = 0.0
         self.last = float("-inf")
+        self._derived: tuple[float | None, float | None] = (None, None)
 
     def add(self, now: float, load: float, rate: float, half_life_seconds: float) -> None:
         if half_life_seconds > 0.0 and self.samples and now > self.last:
@@ -587,6 +589,7 @@ class LoadFit:
         if load <= self.UNLOADED_LOAD:
             self.unloaded_sum += rate
             self.unloaded_weight += 1.0
+        self._derived = (self._slots(), self._spread())
 
     def expected_rate(self, load: float) -> float | None:
         """Rate one request is expected to get at ``load`` requests in flight (None: too few samples)."""
@@ -598,6 +601,14 @@ class LoadFit:
         return expected
 
     def slots(self) -> float | None:
+        """:meth:`_slots` as of the last sample (kept: it is read at every decision)."""
+        return self._derived[0]
+
+    def spread(self) -> float | None:
+        """:meth:`_spread` as of the last sample."""
+        return self._derived[1]
+
+    def _slots(self) -> float | None:
         """Requests the deployment serves at full speed, ``peak / unloaded rate``, once it has been seen
         saturated (busier than that, and slower for it); None while every load seen was served at about
         full speed (its capacity is then unknown, not small)."""
@@ -609,7 +620,7 @@ class LoadFit:
         slots = self.peak / unloaded
         return slots if slots < SATURATION_EVIDENCE * self.max_load else None
 
-    def spread(self) -> float | None:
+    def _spread(self) -> float | None:
         """Root mean square distance of the samples from the prediction at their load (None: too few)."""
         if self.residual_weight < self.MIN_SAMPLES:
             return None
