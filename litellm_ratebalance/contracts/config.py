@@ -128,6 +128,11 @@ class ActionSettings(SettingsModel):
                 if unknown:
                     raise ValueError(f"delay takes min_seconds and max_seconds, got unknown {unknown}")
                 return {"kind": "delay", **spec}
+            if set(value) <= {"min_seconds", "max_seconds"}:
+                raise ValueError(
+                    "min_seconds and max_seconds go under delay: write {delay: {min_seconds: A, max_seconds: B}}"
+                    f" (A <= B, 0..30), got {value!r}"
+                )
             raise ValueError(
                 f"must be allow, reject, delay, {{cap_max_tokens: N}} or {{delay: {{...}}}}, got {value!r}"
             )

@@ -157,6 +157,7 @@ HAND = [
     Row(("ratebalance", "traffic_contracts", "enforcement", "degraded"), "explode", "ratebalance.traffic_contracts.enforcement.degraded: must be allow, reject, delay, {cap_max_tokens: N} or {delay: {...}}, got 'explode'"),
     Row(("ratebalance", "traffic_contracts", "enforcement", "degraded"), {"cap_max_tokens": 0}, "ratebalance.traffic_contracts.enforcement.degraded.cap_max_tokens: must be between 1 and"),
     Row(("ratebalance", "traffic_contracts", "enforcement", "borrowed"), {"delay": {"max_seconds": 60}}, "ratebalance.traffic_contracts.enforcement.borrowed.max_seconds: must be between 0.0 and 30.0"),
+    Row(("ratebalance", "traffic_contracts", "enforcement", "borrowed"), {"min_seconds": 1, "max_seconds": 2}, "ratebalance.traffic_contracts.enforcement.borrowed: min_seconds and max_seconds go under delay: write {delay: {min_seconds: A, max_seconds: B}}"),
     Row(("ratebalance", "traffic_contracts", "enforcement", "borrowed"), {"delay": {"min_seconds": 2, "max_seconds": 1}}, "ratebalance.traffic_contracts.enforcement.borrowed: delay min_seconds (2.0) must not exceed max_seconds (1.0)"),
     # backpressure
     Row(("ratebalance", "backpressure"), {"shed_threshold": 0.9, "hard_threshold": 0.5}, "ratebalance.backpressure: shed_threshold must not exceed hard_threshold (got 0.9 > 0.5)"),
