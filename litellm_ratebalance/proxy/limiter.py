@@ -54,6 +54,9 @@ __all__ = ["PriorityRateLimiter", "rate_limiter"]
 
 logger = logging.getLogger("litellm_ratebalance")
 
+COMPONENT = "rate_limiter"
+"""The component name in metrics labels and fault logs (the callback's name in config.yaml)."""
+
 TICKET_KEY = "ratebalance_admission"
 """Request-metadata key holding the admission ticket id (and the response headers)."""
 
@@ -149,7 +152,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         try:
             await self._admit(user_api_key_dict, data, call_type)
         finally:
-            self._latency.labels("limiter", "pre_call").observe(time.perf_counter() - started)
+            self._latency.labels(COMPONENT, "pre_call").observe(time.perf_counter() - started)
         return None
 
     async def _admit(self, user_api_key_dict: Any, data: dict[str, Any], call_type: Any = None) -> None:
@@ -192,10 +195,10 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         try:
             result = await runtime.store().acquire(model_group, limits, cost, derived.window_ms)
         except StoreError as exc:
-            if runtime.faults.record("rate_limiter", exc, derived.settings):
+            if runtime.faults.record(COMPONENT, exc, derived.settings):
                 self._admissions.labels(model_group, priority_label, "admitted", "store_error").inc()
                 return
-            raise runtime.faults.unavailable("rate_limiter") from None
+            raise runtime.faults.unavailable(COMPONENT) from None
         self._saturation.labels(model_group).set(result.saturation)
         headers = rate_limit_headers(
             limits=limits,
@@ -250,7 +253,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         try:
             await self._reconcile(kwargs, response_obj)
         finally:
-            self._latency.labels("limiter", "log_success").observe(time.perf_counter() - started)
+            self._latency.labels(COMPONENT, "log_success").observe(time.perf_counter() - started)
 
     async def _reconcile(self, kwargs: dict[str, Any], response_obj: Any) -> None:
         entry = find_entry(kwargs, TICKET_KEY)
@@ -274,7 +277,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             if entry is not None:
                 await self._release(str(entry.get("id")), kwargs.get("exception"))
         finally:
-            self._latency.labels("limiter", "log_failure").observe(time.perf_counter() - started)
+            self._latency.labels(COMPONENT, "log_failure").observe(time.perf_counter() - started)
 
     async def async_post_call_failure_hook(
         self,
@@ -289,7 +292,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             if entry is not None:
                 await self._release(str(entry.get("id")), original_exception)
         finally:
-            self._latency.labels("limiter", "post_call_failure").observe(time.perf_counter() - started)
+            self._latency.labels(COMPONENT, "post_call_failure").observe(time.perf_counter() - started)
         return None
 
     # -- tickets ----------------------------------------------------------------------------------------
@@ -336,7 +339,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             )
         except StoreError as exc:
             # Post-call: nothing to refuse any more; fail mode only decides whether we warn.
-            runtime.faults.record("rate_limiter", exc, self._config().settings)
+            runtime.faults.record(COMPONENT, exc, self._config().settings)
         except Exception:
             logger.exception("litellm_ratebalance rate_limiter: settling a reservation failed")
 

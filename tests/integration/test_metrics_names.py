@@ -42,7 +42,7 @@ async def test_limiter_series_carry_model_priority_result_and_reason() -> None:
     decisions = "admission_decisions_total"
     before_admitted = value(decisions, model=model, priority="prod", result="admitted", reason="")
     before_rejected = value(decisions, model=model, priority="default", result="rejected", reason="model_requests")
-    latency = {hook: value("hook_latency_seconds_count", component="limiter", hook=hook) for hook in _LIMITER_HOOKS}
+    latency = {hook: value("hook_latency_seconds_count", component="rate_limiter", hook=hook) for hook in _LIMITER_HOOKS}
 
     first = limiter_support.request(model)
     assert await limiter_support.call(limiter, first, limiter_support.auth("prod")) is None
@@ -61,7 +61,7 @@ async def test_limiter_series_carry_model_priority_result_and_reason() -> None:
     )
     assert value("admission_saturation", model=model) == 1.0  # 2 of rpm 2 at the refused decision
     for hook in _LIMITER_HOOKS:
-        assert value("hook_latency_seconds_count", component="limiter", hook=hook) >= latency[hook] + 1, hook
+        assert value("hook_latency_seconds_count", component="rate_limiter", hook=hook) >= latency[hook] + 1, hook
     assert {"component", "hook", "le"} <= set(label_sets("hook_latency_seconds")[0])
 
 
