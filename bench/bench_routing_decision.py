@@ -98,6 +98,7 @@ async def main() -> int:
     for per_deployment in (10, 12_500):
         ours, reference, now = await build(per_deployment)
         total = sum(len(rates) for rates in reference.rates(now))  # samples in the window (unweighted)
+
         # The clock stands still; each pick is released again, as a finished request would be, so the view
         # stays in its steady state (a handful in flight) instead of piling up picks that never finish.
         def choose_and_finish(ours: RateBalancer = ours) -> None:
@@ -105,6 +106,7 @@ async def main() -> int:
 
         choose_us = per_call_us(choose_and_finish)
         callback = RateBalancerCallback(balancer=ours)
+
         async def hook_and_finish(cb: RateBalancerCallback = callback, ours: RateBalancer = ours) -> None:
             picked = await cb.async_filter_deployments("g", deployments, None, {})
             ours.release("g", picked[0]["model_info"]["id"])

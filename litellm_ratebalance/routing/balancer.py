@@ -181,6 +181,7 @@ class _GroupView:
     __slots__ = (
         "buckets",
         "cache",
+        "change_evidence",
         "changed",
         "closed_through",
         "cutoff_ms",
@@ -195,6 +196,7 @@ class _GroupView:
         "pending",
         "pending_limits",
         "pending_since",
+        "probed_at",
         "probes",
         "ratios",
         "syncing",
@@ -216,6 +218,8 @@ class _GroupView:
         self.ratios: dict[str, float] = {}
         self.cutoff_ms: dict[str, float] = {}
         """Per deployment: store time (ms) before which its samples are ignored (a change was detected)."""
+        self.change_evidence: dict[str, RateAggregate] = {}
+        """Per deployment: the rate bound that revealed its change, until a sample from after it arrives."""
         self.changed: dict[str, float] = {}
         """Per deployment: local time of its last detected change (at most one per half-life)."""
         self.dirty_at: float | None = None
@@ -223,6 +227,8 @@ class _GroupView:
         self.last_attempt: dict[str, float] = {}
         """Per deployment: local time of this replica's last pick of it."""
         self.probes: set[str] = set()
+        self.probed_at = float("-inf")
+        """Local time of the last round of re-measuring probes."""
         """Deployments to send one request each, to re-measure them after another one changed."""
         self.loads: dict[str, LoadFit] = {}
         """Per deployment: this replica's fit of rate against load (``load_aware``)."""
@@ -553,7 +559,14 @@ class RateBalancer:
         forgotten = self._clock() - self._max_in_flight_age
         for queue in view.in_flight.values():
             queue.forget_before(forgotten)
-        view.derived = self._derive(view.buckets, snapshot.now_ms, view.cutoff_ms)
+        view.derived = derived = self._derive(view.buckets, snapshot.now_ms, view.cutoff_ms)
+        for deployment_id, bound in list(view.change_evidence.items()):
+            if deployment_id in derived.window_full:
+                del view.change_evidence[deployment_id]  # a real sample from after the change
+            else:
+                _add_to(derived.window_full, deployment_id, bound)
+                if derived.window is not derived.window_full:
+                    _add_to(derived.window, deployment_id, bound)
         # Samples recorded while this sync was in flight are not in the snapshot yet: keep them in the view.
         for deployment_id, pending in view.pending.items():
             self._add_local(view, deployment_id, pending)
@@ -751,9 +764,9 @@ class RateBalancer:
                         and self._change_sigma > 0
                         and self._surprising(view, c.id, work / (now - oldest))
                         # Its oldest request is far slower than its samples: changed since that request left.
-                        and self._changed(view, c.id, now, oldest)
+                        and self._changed(view, c.id, now, oldest, work / (now - oldest))
                     ):
-                        state_window = RateAggregate()
+                        state_window = derived.window.get(c.id) or RateAggregate()
                     else:
                         state_window = states[i].window
                     overdue = state_window.copy()
@@ -842,7 +855,9 @@ class RateBalancer:
         spread = max(window.std, 0.1 * mean)
         return abs(rate - mean) > self._change_sigma * spread
 
-    def _changed(self, view: _GroupView, deployment_id: str, now: float, since: float) -> bool:
+    def _changed(
+        self, view: _GroupView, deployment_id: str, now: float, since: float, evidence: float | None = None
+    ) -> bool:
         """A deployment's rate changed at local time ``since``: forget its samples from before, and have every
         other deployment re-measured with one request (a change seldom comes alone, and the ones that got
         little traffic are known only from old samples). False (nothing done) within a half-life of the
@@ -855,8 +870,22 @@ class RateBalancer:
         derived = view.derived
         for target in (derived.window_full, derived.window):
             target.pop(deployment_id, None)
-        known = set(derived.window_full) | {d for d, q in view.in_flight.items() if q}
-        view.probes = {d for d in known if d != deployment_id}
+        view.loads.pop(deployment_id, None)  # its load fit mixes both regimes too
+        if evidence is not None:
+            # The rate bound that revealed the change stands for the deployment until a sample from after
+            # the change arrives (with no sample at all it would put its whole group back into bootstrap).
+            bound = RateAggregate()
+            bound.add(evidence)
+            view.change_evidence[deployment_id] = bound
+            _add_to(derived.window_full, deployment_id, bound)
+            if derived.window is not derived.window_full:
+                _add_to(derived.window, deployment_id, bound)
+        if now - view.probed_at >= self._change_cooldown:
+            # One round of re-measuring per half-life and group: the changes it reveals in turn must not
+            # start another round at once (each would send a request to every deployment again).
+            view.probed_at = now
+            known = set(derived.window_full) | {d for d, q in view.in_flight.items() if q}
+            view.probes = {d for d in known if d != deployment_id}
         view.cache.clear()
         return True
 

@@ -592,12 +592,17 @@ class LoadFit:
         self._derived = (self._slots(), self._spread())
 
     def expected_rate(self, load: float) -> float | None:
-        """Rate one request is expected to get at ``load`` requests in flight (None: too few samples)."""
-        if self.samples < self.MIN_SAMPLES or load <= 0:
+        """Rate one request is expected to get at ``load`` requests in flight (None: unknown): the unloaded
+        rate at a load of at most :data:`UNLOADED_LOAD`, capped by ``peak / load`` once the deployment has
+        been seen saturated (before that, a higher load says nothing either way)."""
+        if self.samples < self.MIN_SAMPLES or load <= 0 or self.unloaded_weight <= 0.5:
             return None
-        expected = self.peak / load
-        if self.unloaded_weight > 0.5:
-            expected = min(expected, self.unloaded_sum / self.unloaded_weight)
+        saturated = self._derived[0] is not None
+        if not saturated and load > self.UNLOADED_LOAD:
+            return None  # busy, never seen slowed down by it: the window's own mean says most
+        expected = self.unloaded_sum / self.unloaded_weight
+        if saturated:
+            expected = min(expected, self.peak / load)
         return expected
 
     def slots(self) -> float | None:
@@ -627,12 +632,10 @@ class LoadFit:
         return math.sqrt(self.residual_sq_sum / self.residual_weight)
 
     def shift(self, load: float, mean_rate: float) -> float:
-        """``expected_rate(load) - mean_rate``: negative when the deployment is busier than its samples say
-        it copes with; positive (up to its unloaded rate) when it is idle and its window mixes in loaded
-        samples; 0 when unknown."""
+        """``expected_rate(load) - mean_rate`` (0 when unknown): negative when the deployment is busier than
+        its learnt slots, positive (up to its unloaded rate) when it has room and its window mixes in
+        slower, loaded samples."""
         expected = self.expected_rate(load)
         if expected is None:
             return 0.0
-        if self.unloaded_weight <= 0.5:
-            return min(0.0, expected - mean_rate)
         return expected - mean_rate

@@ -202,7 +202,14 @@ def test_load_fit_learns_slots_only_once_saturated() -> None:
         fit.add(float(t), load, 300.0 / load, half_life_seconds=0.0)
     slots = fit.slots()
     assert slots is not None and slots == pytest.approx(450.0 / 150.0)  # the peak 3 x 150 came at load 3
-    assert fit.spread() is not None
+
+
+def test_load_fit_spread_is_the_distance_from_the_prediction() -> None:
+    fit = LoadFit()
+    for t in range(9):
+        fit.add(float(t), 1.0, 140.0 if t % 2 else 160.0, half_life_seconds=0.0)
+    spread = fit.spread()
+    assert spread is not None and 8.0 < spread < 12.0
 
 
 async def test_shares_shrink_as_learnt_slots_fill_up() -> None:
