@@ -74,6 +74,7 @@ async def build() -> AsyncIterator[Build]:
         num_retries: int = 0,
         orders: list[int] | None = None,
         instances: int = 1,
+        clock: Callable[[], float] | None = None,
     ) -> tuple[Router, list[BackpressureCallback], list[InferenceServer]]:
         reset_runtime()
         settings = parse_settings({"ratebalance": {"backpressure": {"all_deployments": True, **backpressure}}})
@@ -86,7 +87,9 @@ async def build() -> AsyncIterator[Build]:
             if orders is not None:
                 params["order"] = orders[i]
             model_list.append({"model_name": "local", "litellm_params": params, "model_info": {"id": f"gpu{i + 1}"}})
-        callbacks = [BackpressureCallback() for _ in range(instances)]
+        callbacks = [
+            BackpressureCallback() if clock is None else BackpressureCallback(clock=clock) for _ in range(instances)
+        ]
         made.extend(callbacks)
         litellm.callbacks = list(callbacks)
         return Router(model_list=model_list, num_retries=num_retries), callbacks, servers

@@ -165,8 +165,8 @@ def test_router_deployment_dicts() -> None:
 
 
 async def test_request_shape_seen_by_the_deployment_hook_and_the_success_event(only_callback: Any) -> None:
-    from litellm.router import Router
     from litellm.proxy._types import UserAPIKeyAuth
+    from litellm.router import Router
 
     capture = _Capture()
     only_callback(capture)
