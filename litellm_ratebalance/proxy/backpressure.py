@@ -15,8 +15,13 @@ Which hooks, and why (LiteLLM picks the deployment *after* ``async_pre_call_hook
 * ``async_pre_call_deployment_hook`` (deployment chosen, just before the call): takes the slot
   atomically in the shared store (a lease), after re-checking shedding; races lost since the filter give
   a 429 / queue wait here. The router may retry that on another deployment.
-* ``async_log_success_event`` / ``async_log_failure_event``: release the lease, feed the limit algorithm
-  (latency per output token, or a drop on a server error / timeout).
+* ``async_post_call_success_deployment_hook`` (non-streaming response received): release the lease and
+  feed the limit algorithm (latency per output token) at once, not after LiteLLM's logging queue.
+* ``async_log_success_event`` / ``async_log_failure_event``: the same for streams and failures (a drop on
+  a server error / timeout). A refusal raised in the deployment hook is marked final for the Router
+  (``num_retries = 0``) when no other deployment of the group would take the request.
+* All LiteLLM internals (request metadata layout, deployment dicts, hidden params, the Router's retry
+  attribute) are read through ``proxy/_litellm.py``.
 * ``async_post_call_response_headers_hook``: ``x-litellm-queue-depth`` and ``x-litellm-concurrency-limit``
   on successful responses.
 * One background task per process (started on first use) scrapes the inference servers' metrics, reads
