@@ -441,6 +441,15 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         request_kwargs: dict[str, Any] | None = None,
         parent_otel_span: Any = None,
     ) -> list[Any]:
+        started = time.perf_counter()
+        try:
+            return await self._filter(model, healthy_deployments, messages, request_kwargs)
+        finally:
+            _hook_latency().labels(_COMPONENT, "filter_deployments").observe(time.perf_counter() - started)
+
+    async def _filter(
+        self, model: str, healthy_deployments: list[Any], messages: Any, request_kwargs: dict[str, Any] | None
+    ) -> list[Any]:
         try:
             ctx = self._context()
             if ctx is None or not healthy_deployments:
@@ -1035,3 +1044,8 @@ def _is_drop(exception: Any) -> bool:
 
 
 backpressure = BackpressureCallback()
+
+
+def _hook_latency() -> Any:
+    """The shared hook latency histogram (the same family the limiter and the contracts observe)."""
+    return metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])

@@ -110,6 +110,11 @@ def refusals(reason: str, tier: str = "default") -> float:
     return value or 0.0
 
 
+def filter_latency_count() -> float:
+    labels = {"component": "backpressure", "hook": "filter_deployments"}
+    return REGISTRY.get_sample_value("litellm_ratebalance_hook_latency_seconds_count", labels) or 0.0
+
+
 def drops(deployment: str) -> float:
     return REGISTRY.get_sample_value("litellm_ratebalance_backpressure_drops_total", {"deployment": deployment}) or 0.0
 
@@ -170,8 +175,10 @@ async def test_a_refusal_nothing_else_would_take_is_not_retried_inside_the_route
     if not race:
         assert (await store.lease_acquire("gpu1", "other-replica", slot_cap=1, ttl_ms=60_000)).acquired
     before = refusals("concurrency_limit")
+    filter_timings = filter_latency_count()
     result = await call(router, max_tokens=5)
     assert outcome(result) == (429, "concurrency_limit")
+    assert filter_latency_count() > filter_timings  # the refusing filter is timed like every hook
     assert result.num_retries == 0
     assert refusals("concurrency_limit") == before + 1  # one attempt, not 1 + num_retries
     assert server.stats.completed == 0
