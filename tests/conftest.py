@@ -50,3 +50,34 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore | R
     client = await fresh_redis_client(server)
     yield RedisStore(client, keys)
     await client.aclose()  # type: ignore[attr-defined]
+
+
+_LITELLM_CALLBACK_LISTS = (
+    "callbacks",
+    "input_callback",
+    "success_callback",
+    "failure_callback",
+    "service_callback",
+    "_async_input_callback",
+    "_async_success_callback",
+    "_async_failure_callback",
+)
+
+
+@pytest.fixture(autouse=True)
+def _restore_litellm_callbacks() -> Iterator[None]:
+    """Every ``litellm.Router`` appends its health callbacks to LiteLLM's global lists, which refuse new
+    entries past 30: without this, a test's Router could silently lose its cooldown handling depending on
+    how many Routers earlier tests made. Each test gets the lists back as they were (same list objects)."""
+    import sys
+
+    litellm = sys.modules.get("litellm")
+    saved = {name: list(getattr(litellm, name)) for name in _LITELLM_CALLBACK_LISTS if litellm is not None}
+    yield
+    litellm = sys.modules.get("litellm")
+    if litellm is None:
+        return
+    for name in _LITELLM_CALLBACK_LISTS:
+        current = getattr(litellm, name, None)
+        if isinstance(current, list):
+            current[:] = saved.get(name, [])
