@@ -42,7 +42,9 @@ async def test_limiter_series_carry_model_priority_result_and_reason() -> None:
     decisions = "admission_decisions_total"
     before_admitted = value(decisions, model=model, priority="prod", result="admitted", reason="")
     before_rejected = value(decisions, model=model, priority="default", result="rejected", reason="model_requests")
-    latency = {hook: value("hook_latency_seconds_count", component="rate_limiter", hook=hook) for hook in _LIMITER_HOOKS}
+    latency = {
+        hook: value("hook_latency_seconds_count", component="rate_limiter", hook=hook) for hook in _LIMITER_HOOKS
+    }
 
     first = limiter_support.request(model)
     assert await limiter_support.call(limiter, first, limiter_support.auth("prod")) is None
