@@ -6,8 +6,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from litellm_ratebalance.demo.services import wait_until_redis_answers
 
 __all__ = ["RedisServer", "free_port", "redis_server_binary"]
 
@@ -55,16 +56,7 @@ class RedisServer:
             *self.extra_args,
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+        wait_until_redis_answers(self.port, self.process)
 
     def stop(self) -> None:
         if self.process is not None:

@@ -17,7 +17,24 @@ from types import TracebackType
 
 from litellm_ratebalance.demo.proxy_process import free_port
 
-__all__ = ["LocalRedis"]
+__all__ = ["LocalRedis", "wait_until_redis_answers"]
+
+
+def wait_until_redis_answers(port: int, process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Block until the ``redis-server`` ``process`` on 127.0.0.1:``port`` answers PING (a plain RESP
+    exchange: no client library needed); RuntimeError when it exits first or stays silent for ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {process.returncode} (port {port} taken?)")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"redis-server did not answer on port {port} within {timeout:.0f}s")
 
 
 class LocalRedis:
@@ -48,19 +65,11 @@ class LocalRedis:
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.process.returncode} (port {self.port} taken?)")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout:.0f}s")
+        try:
+            wait_until_redis_answers(self.port, self.process, timeout)
+        except RuntimeError:
+            self.stop()
+            raise
 
     def dbsize(self) -> int:
         """Number of keys (a plain RESP exchange: no client library needed)."""
