@@ -63,6 +63,11 @@ _MAX_OVERDUE_SAMPLES = 32
 """In-flight requests per deployment turned into overdue samples at a decision (the oldest ones)."""
 
 
+_UNMEASURED_BOUND = 0.9
+"""The rate bound of an overdue request at a deployment without successful samples of its own is capped at
+this fraction of the SLA."""
+
+
 class Candidate(NamedTuple):
     """One deployment a request may go to."""
 
@@ -184,6 +189,7 @@ class _GroupView:
         "change_evidence",
         "changed",
         "closed_through",
+        "credits",
         "cutoff_ms",
         "derived",
         "dirty_at",
@@ -232,6 +238,8 @@ class _GroupView:
         """Deployments to send one request each, to re-measure them after another one changed."""
         self.loads: dict[str, LoadFit] = {}
         """Per deployment: this replica's fit of rate against load (``load_aware``)."""
+        self.credits: dict[str, float] = {}
+        """Per deployment: smooth weighted round-robin credit (``selection: smooth``), in decisions."""
         self.derived = _Derived()
         self.cache: dict[tuple[Candidate, ...], tuple[Shares, tuple[DeploymentState, ...]]] = {}
 
@@ -263,6 +271,7 @@ class RateBalancer:
         self._tasks: set[asyncio.Task[None]] = set()
         s = self.settings
         self._round_robin = s.round_robin
+        self._smooth = s.selection == "smooth"
         self._bucket_ms = s.effective_bucket_seconds * 1000
         self._window_ms = s.window_seconds * 1000
         self._recent_ms = s.failure_window_seconds * 1000
@@ -298,9 +307,17 @@ class RateBalancer:
         if n == 1:
             index = 0
         else:
-            shares = self._shares(view, candidates, now, detect=True).shares
+            computed = self._shares(view, candidates, now, detect=True)
+            shares: Sequence[float] = computed.shares
             probe = self._probe(view, candidates, now)
-            index = self._draw(shares) if probe is None else probe
+            if probe is not None:
+                index = probe
+            elif self._smooth:
+                if computed.mode == "bootstrap":
+                    shares = self._bootstrap_picks(view, candidates, shares)
+                index = _smooth_pick(view.credits, candidates, shares)
+            else:
+                index = self._draw(shares)
         chosen = candidates[index]
         view.last_attempt[chosen.id] = now
         if chosen.input_to_output_ratio is not None:
@@ -689,7 +706,8 @@ class RateBalancer:
         shares, states = cached
         if not view.in_flight and not view.loads:
             return shares
-        live = self._live_states(view, candidates, states, now, detect=detect)
+        sla = shares.sla if shares.mode == "weighted" else None
+        live = self._live_states(view, candidates, states, now, detect=detect, sla=sla)
         if live is None:
             return shares
         s = self.settings
@@ -713,6 +731,7 @@ class RateBalancer:
         now: float,
         *,
         detect: bool = False,
+        sla: float | None = None,
     ) -> list[DeploymentState] | None:
         """``states`` with this replica's in-flight evidence added; None when it changes nothing (fast path).
 
@@ -721,6 +740,9 @@ class RateBalancer:
         mean latency is a sample of rate ``mean work / age`` (the most it can still achieve); with
         ``load_aware`` the estimate moves to the current load (:class:`LoadFit`). O(candidates) plus at most
         :data:`_MAX_OVERDUE_SAMPLES` requests per candidate.
+
+        Given the ``sla`` (weighted mode), the bound of an overdue request at a deployment without successful
+        samples of its own is capped below it (:data:`_UNMEASURED_BOUND`).
         """
         s = self.settings
         derived = view.derived
@@ -770,11 +792,17 @@ class RateBalancer:
                     else:
                         state_window = states[i].window
                     overdue = state_window.copy()
+                    # Without a successful sample of its own the bound comes from the group's typical work: an
+                    # upper bound, not a measurement, so it is not taken to beat the SLA before an answer does.
+                    ceiling = _UNMEASURED_BOUND * sla if sla is not None and c.id not in derived.expected else None
                     for n, (started, _) in enumerate(queue.values()):
                         age = now - started
                         if age <= latency or n >= _MAX_OVERDUE_SAMPLES:
                             break
-                        overdue.add(work / age, latency=age)
+                        bound = work / age
+                        if ceiling is not None and bound > ceiling:
+                            bound = ceiling
+                        overdue.add(bound, latency=age)
             if shift == 0.0 and spread is None and stalled == 0 and overdue is None and slots_left == 1.0:
                 continue
             if out is None:
@@ -911,6 +939,30 @@ class RateBalancer:
                 return i
         return None
 
+    def _bootstrap_picks(
+        self, view: _GroupView, candidates: Sequence[Candidate], shares: Sequence[float]
+    ) -> Sequence[float]:
+        """Bootstrap shares for the smooth pick: a candidate without samples that has a request in flight here
+        already had its chance (its answer ends the bootstrap), so the picks go evenly to the others until it
+        answers; when that leaves none, evenly to the candidates with the fewest requests in flight here. The
+        shares reported (:meth:`weights`) stay equal."""
+        window = view.derived.window
+        in_flight = view.in_flight
+        picks: list[float] | None = None
+        for i, c in enumerate(candidates):
+            agg = window.get(c.id)
+            if (agg is None or agg.count <= 0) and in_flight.get(c.id):
+                if picks is None:
+                    picks = list(shares)
+                picks[i] = 0.0
+        if picks is None:
+            return shares
+        if not any(p > 0.0 for p in picks):
+            busy = [len(in_flight.get(c.id) or ()) for c in candidates]
+            least = min(busy)
+            picks = [1.0 if b == least else 0.0 for b in busy]
+        return picks
+
     def _draw(self, shares: Sequence[float]) -> int:
         point = self._rng.random()
         cumulative = 0.0
@@ -939,6 +991,39 @@ class RateBalancer:
             return []
         known = set(view.derived.window_full) | set(view.derived.usage) | set(view.in_flight)
         return [Candidate(d, view.ratios.get(d)) for d in sorted(known)]
+
+
+_CREDIT_LIMIT = 1.0
+"""Bound of a smooth round-robin credit, in decisions: a deployment whose share fell sharply (or that was not a
+candidate for a while) neither owes nor is owed more than one pick."""
+
+
+def _smooth_pick(credits: dict[str, float], candidates: Sequence[Candidate], shares: Sequence[float]) -> int:
+    """Smooth weighted round robin: every candidate gains its share, the one with the most credit (the first
+    on a tie) is picked and pays the total. Over any run of decisions with fixed shares each candidate gets
+    its share of the picks to within one pick, with no bursts; a candidate with share 0 is never picked
+    unless every share is 0 (then the first one is). O(candidates)."""
+    total = 0.0
+    best = -1
+    best_credit = 0.0
+    for i, c in enumerate(candidates):
+        share = shares[i]
+        if share <= 0.0:
+            continue
+        total += share
+        credit = credits.get(c.id, 0.0) + share
+        credits[c.id] = credit
+        if best < 0 or credit > best_credit:
+            best, best_credit = i, credit
+    if best < 0:
+        return 0
+    credits[candidates[best].id] = max(best_credit - total, -_CREDIT_LIMIT)
+    if best_credit > _CREDIT_LIMIT:
+        # Clamp the owed side too (after choosing), so a sudden share change settles within a pick.
+        for i, c in enumerate(candidates):
+            if i != best and credits.get(c.id, 0.0) > _CREDIT_LIMIT:
+                credits[c.id] = _CREDIT_LIMIT
+    return best
 
 
 def _add_to(target: dict[str, RateAggregate], deployment_id: str, agg: RateAggregate, weight: float = 1.0) -> None:

@@ -99,6 +99,13 @@ class RoutingSettings(SettingsModel):
     """Use, per deployment, only its newest buckets that hold ``adaptive_min_samples`` samples (at most
     ``window_seconds``): busy deployments are judged on recent samples, quiet ones keep their history."""
     adaptive_min_samples: Annotated[int, Field(ge=2, le=1_000_000)] = 30
+    selection: Literal["random", "smooth"] = "random"
+    """How a pick follows the shares. ``random``: an independent weighted draw per decision (the proposal).
+    ``smooth``: smooth weighted round robin per model group and replica (each candidate gains its share at
+    every decision, the one with the most credit is picked and pays one decision's worth), so every
+    deployment gets its share over any run of decisions without random bursts; in bootstrap it sends each
+    unmeasured candidate one request and the rest to the others. Not the default: it did not beat ``random``
+    in the routing benchmark."""
 
     @model_validator(mode="before")
     @classmethod
