@@ -2,8 +2,8 @@
 proxies' ``/metrics``; printed as tables, written as JSON and drawn as a PNG.
 
 Metric names read here (all on LiteLLM's ``/metrics``, summed over replicas):
-``litellm_ratebalance_admission_decisions_total{model,priority,result,reason}``,
-``litellm_ratebalance_traffic_contract_requests_total{feature,model,rpm_mode,tpm_mode}``,
+``litellm_ratebalance_admission_decisions_total{model_group,priority,result,reason}``,
+``litellm_ratebalance_traffic_contract_requests_total{feature,model_group,rpm_mode,tpm_mode}``,
 ``litellm_ratebalance_backpressure_refusals_total{model_group,tier,reason}``,
 ``litellm_ratebalance_store_errors_total{component,mode}``,
 ``litellm_ratebalance_routing_choices_total{model_group,deployment}``, the gauges
@@ -135,7 +135,7 @@ def build_summary(
 ) -> dict[str, Any]:
     """Everything the demo reports, as plain data (also written as JSON; the e2e test reads it)."""
     everything = [sample for replica in metrics for sample in replica]
-    decisions = _sum_by(everything, "admission_decisions_total", ("model", "priority", "result"))
+    decisions = _sum_by(everything, "admission_decisions_total", ("model_group", "priority", "result"))
     contract_modes = _sum_by(everything, "traffic_contract_requests_total", ("feature", "rpm_mode", "tpm_mode"))
     refusals = _sum_by(everything, "backpressure_refusals_total", ("tier", "reason"))
     store_errors = _sum_by(everything, "store_errors_total", ("component", "mode"))

@@ -167,7 +167,7 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
         self._requests = metrics.counter(
             "traffic_contract_requests",
             "Requests by traffic-contract feature, model group and RPM/TPM mode",
-            ["feature", "model", "rpm_mode", "tpm_mode"],
+            ["feature", "model_group", "rpm_mode", "tpm_mode"],
         )
         self._actions = metrics.counter(
             "traffic_contract_actions",

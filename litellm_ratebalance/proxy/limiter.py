@@ -105,10 +105,10 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         self._admissions = metrics.counter(
             "admission_decisions",
             "Priority limiter decisions by model group, priority and result",
-            ["model", "priority", "result", "reason"],
+            ["model_group", "priority", "result", "reason"],
         )
         self._saturation = metrics.gauge(
-            "admission_saturation", "Model-group saturation seen at the last decision", ["model"]
+            "admission_saturation", "Model-group saturation seen at the last decision", ["model_group"]
         )
         self._latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
 

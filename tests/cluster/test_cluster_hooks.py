@@ -66,7 +66,11 @@ async def test_two_limiters_admit_exactly_rpm_in_every_model_group(redis_cluster
     try:
         keys = KeySpace("rbcluster")
         router = multi_group_router(rpm=15)
-        limiters = [limiter.make_limiter(RedisStore(client, keys), router) for client in clients]
+        # A generous per-call timeout: 240 calls at once on a shared 2-core machine can queue for a pooled
+        # connection past the default 0.5 s, and a timed-out call fails open (uncounted) by design; this test
+        # is about exact counting across masters, not about the timeout.
+        stores = [RedisStore(client, keys, timeout_seconds=10.0) for client in clients]
+        limiters = [limiter.make_limiter(store, router) for store in stores]
         # 40 concurrent requests per group, 240 in all, alternating between the two replicas.
         jobs = [(group, index) for group in GROUPS for index in range(40)]
         results = await asyncio.gather(

@@ -101,7 +101,7 @@ def sample(name: str, labels: dict[str, str]) -> float:
 def requests_total(feature: str, rpm_mode: str, tpm_mode: str, model: str = "m") -> float:
     return sample(
         "litellm_ratebalance_traffic_contract_requests_total",
-        {"feature": feature, "model": model, "rpm_mode": rpm_mode, "tpm_mode": tpm_mode},
+        {"feature": feature, "model_group": model, "rpm_mode": rpm_mode, "tpm_mode": tpm_mode},
     )
 
 

@@ -168,7 +168,7 @@ async def test_names_under_a_wildcard_route_share_one_window_and_one_label_set(r
     assert len(keys) == 1
     assert refused == 12 - 7  # the route's rpm 7 holds across all the names
     labels = {
-        sample.labels.get("model")
+        sample.labels.get("model_group")
         for family in REGISTRY.collect()
         if family.name == "litellm_ratebalance_admission_decisions"
         for sample in family.samples

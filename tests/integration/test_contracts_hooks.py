@@ -183,7 +183,7 @@ async def test_a_flood_of_bogus_names_leaves_counters_and_labels_flat(store) -> 
     labelled_models = set()
     for metric in callback._requests.collect():
         for s in metric.samples:
-            labelled_models.add(s.labels["model"])
+            labelled_models.add(s.labels["model_group"])
             assert s.labels["feature"] in {"smart-window", "s2s", "s2s-android", "unassigned"}
     assert not any(name.startswith("model-") for name in labelled_models)
     assert "other" in labelled_models

@@ -40,8 +40,8 @@ async def test_limiter_series_carry_model_priority_result_and_reason() -> None:
     settings = {"priority_reservation": {"prod": 1.0}}  # strict at 1 of 2, but prod may use it all
     limiter = limiter_support.make_limiter(MemoryStore(), limiter_support.make_router(model, rpm=2), settings)
     decisions = "admission_decisions_total"
-    before_admitted = value(decisions, model=model, priority="prod", result="admitted", reason="")
-    before_rejected = value(decisions, model=model, priority="default", result="rejected", reason="model_requests")
+    before_admitted = value(decisions, model_group=model, priority="prod", result="admitted", reason="")
+    before_rejected = value(decisions, model_group=model, priority="default", result="rejected", reason="model_requests")
     latency = {
         hook: value("hook_latency_seconds_count", component="rate_limiter", hook=hook) for hook in _LIMITER_HOOKS
     }
@@ -56,12 +56,12 @@ async def test_limiter_series_carry_model_priority_result_and_reason() -> None:
     refused = await limiter_support.call(limiter, limiter_support.request(model), limiter_support.auth())
     assert isinstance(refused, HTTPException) and refused.status_code == 429
 
-    assert value(decisions, model=model, priority="prod", result="admitted", reason="") == before_admitted + 2
+    assert value(decisions, model_group=model, priority="prod", result="admitted", reason="") == before_admitted + 2
     assert (
-        value(decisions, model=model, priority="default", result="rejected", reason="model_requests")
+        value(decisions, model_group=model, priority="default", result="rejected", reason="model_requests")
         == before_rejected + 1
     )
-    assert value("admission_saturation", model=model) == 1.0  # 2 of rpm 2 at the refused decision
+    assert value("admission_saturation", model_group=model) == 1.0  # 2 of rpm 2 at the refused decision
     for hook in _LIMITER_HOOKS:
         assert value("hook_latency_seconds_count", component="rate_limiter", hook=hook) >= latency[hook] + 1, hook
     assert {"component", "hook", "le"} <= set(label_sets("hook_latency_seconds")[0])
@@ -75,12 +75,12 @@ async def test_store_errors_are_counted_by_component_and_mode() -> None:
     limiter = limiter_support.make_limiter(FailingStore(), limiter_support.make_router(model, rpm=2))
     before = value("store_errors_total", component="rate_limiter", mode="open")
     admitted = value(
-        "admission_decisions_total", model=model, priority="default", result="admitted", reason="store_error"
+        "admission_decisions_total", model_group=model, priority="default", result="admitted", reason="store_error"
     )
     assert await limiter_support.call(limiter, limiter_support.request(model), limiter_support.auth()) is None
     assert value("store_errors_total", component="rate_limiter", mode="open") == before + 1
     assert (
-        value("admission_decisions_total", model=model, priority="default", result="admitted", reason="store_error")
+        value("admission_decisions_total", model_group=model, priority="default", result="admitted", reason="store_error")
         == admitted + 1
     )
 
@@ -98,8 +98,8 @@ async def test_contract_series_carry_feature_modes_actions_usage_and_limits() ->
     callback = contracts_support.make_callback(MemoryStore(), contracts)
     feature = "s2s-android"
     requests = "traffic_contract_requests_total"
-    normal = value(requests, feature=feature, model="m", rpm_mode="normal", tpm_mode="normal")
-    borrowed = value(requests, feature=feature, model="m", rpm_mode="borrowed", tpm_mode="normal")
+    normal = value(requests, feature=feature, model_group="m", rpm_mode="normal", tpm_mode="normal")
+    borrowed = value(requests, feature=feature, model_group="m", rpm_mode="borrowed", tpm_mode="normal")
     rejects = value("traffic_contract_actions_total", feature=feature, action="reject")
     latency = {
         hook: value("hook_latency_seconds_count", component="traffic_contracts", hook=hook)
@@ -117,9 +117,9 @@ async def test_contract_series_carry_feature_modes_actions_usage_and_limits() ->
     await callback.async_post_call_failure_hook(failed, RuntimeError(), contracts_support.auth(feature))
 
     assert [o is None for o in outcomes] == [True, True, True, False]  # the 4th is degraded: rejected
-    assert value(requests, feature=feature, model="m", rpm_mode="normal", tpm_mode="normal") == normal + 1
-    assert value(requests, feature=feature, model="m", rpm_mode="borrowed", tpm_mode="normal") == borrowed + 2
-    assert value(requests, feature=feature, model="m", rpm_mode="degraded", tpm_mode="normal") >= 1
+    assert value(requests, feature=feature, model_group="m", rpm_mode="normal", tpm_mode="normal") == normal + 1
+    assert value(requests, feature=feature, model_group="m", rpm_mode="borrowed", tpm_mode="normal") == borrowed + 2
+    assert value(requests, feature=feature, model_group="m", rpm_mode="degraded", tpm_mode="normal") >= 1
     assert value("traffic_contract_actions_total", feature=feature, action="reject") == rejects + 1
     assert value("traffic_contract_usage", feature=feature, kind="rpm") == 3
     assert value("traffic_contract_usage", feature=feature, kind="tpm") == 90

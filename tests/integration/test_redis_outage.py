@@ -81,7 +81,7 @@ def store_errors(mode: str) -> float:
 
 
 def failed_open_admissions() -> float:
-    labels = {"model": "m", "priority": "default", "result": "admitted", "reason": "store_error"}
+    labels = {"model_group": "m", "priority": "default", "result": "admitted", "reason": "store_error"}
     return sample("litellm_ratebalance_admission_decisions_total", labels)
 
 

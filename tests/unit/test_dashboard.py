@@ -100,7 +100,7 @@ def queries() -> list[tuple[str, str]]:
 
 def test_source_scan_finds_the_known_definitions() -> None:
     series = defined_series()
-    assert series["litellm_ratebalance_admission_decisions_total"] == {"model", "priority", "result", "reason"}
+    assert series["litellm_ratebalance_admission_decisions_total"] == {"model_group", "priority", "result", "reason"}
     assert series["litellm_ratebalance_hook_latency_seconds_bucket"] == {"component", "hook", "le"}
     assert series["litellm_ratebalance_backpressure_refusals_total"] == {"model_group", "tier", "reason"}
     assert series["litellm_ratebalance_store_errors_total"] == {"component", "mode"}
