@@ -41,7 +41,9 @@ async def test_limiter_series_carry_model_priority_result_and_reason() -> None:
     limiter = limiter_support.make_limiter(MemoryStore(), limiter_support.make_router(model, rpm=2), settings)
     decisions = "admission_decisions_total"
     before_admitted = value(decisions, model_group=model, priority="prod", result="admitted", reason="")
-    before_rejected = value(decisions, model_group=model, priority="default", result="rejected", reason="model_requests")
+    before_rejected = value(
+        decisions, model_group=model, priority="default", result="rejected", reason="model_requests"
+    )
     latency = {
         hook: value("hook_latency_seconds_count", component="rate_limiter", hook=hook) for hook in _LIMITER_HOOKS
     }
@@ -80,7 +82,9 @@ async def test_store_errors_are_counted_by_component_and_mode() -> None:
     assert await limiter_support.call(limiter, limiter_support.request(model), limiter_support.auth()) is None
     assert value("store_errors_total", component="rate_limiter", mode="open") == before + 1
     assert (
-        value("admission_decisions_total", model_group=model, priority="default", result="admitted", reason="store_error")
+        value(
+            "admission_decisions_total", model_group=model, priority="default", result="admitted", reason="store_error"
+        )
         == admitted + 1
     )
 
