@@ -730,21 +730,19 @@ async def _deployment_statuses(
     store: Any, settings: Settings, model_group: str, deployments: Sequence[ConfigDeployment]
 ) -> list[DeploymentStatus]:
     from litellm_ratebalance.proxy.routing import deployment_candidates
-    from litellm_ratebalance.routing.balancer import Candidate, RateBalancer, routing_status
+    from litellm_ratebalance.routing.balancer import Candidate, read_balancer
 
     errors = _Errors()
-    # One read with a balancer of our own: a store fault is an error here (routing_status logs and shows an
-    # empty view instead), and it lists every deployment the shared statistics hold, configured or not.
-    balancer = RateBalancer(store, settings.ratebalance.routing, on_store_error=errors)
-    await balancer.refresh(model_group)
+    # One read, as routing_status makes it, but a store fault is an error here (routing_status logs and shows
+    # an empty view instead), and the view lists every deployment the shared statistics hold.
+    balancer = await read_balancer(store, settings.ratebalance.routing, model_group, on_store_error=errors)
     if errors.errors:
         exc = errors.errors[0]
         raise StoreError(f"reading routing statistics failed: {exc}") from exc
     candidates = deployment_candidates([d.deployment for d in deployments]) or ()
-    # The figures themselves from routing's own accessor: shares among exactly the configured deployments,
-    # as routing computes them from the shared view (what only a serving replica knows is left out).
-    routing = settings.ratebalance.routing
-    estimates = {e.deployment_id: e for e in await routing_status(store, routing, model_group, candidates)}
+    # Shares among exactly the configured deployments, as routing computes them from the shared view (what
+    # only a serving replica knows is left out): the figures routing_status gives.
+    estimates = balancer.estimates(model_group, list(candidates))
     backpressure = settings.ratebalance.backpressure
     leases = await asyncio.gather(*(store.concurrency_snapshot(d.deployment_id) for d in deployments))
     out: list[DeploymentStatus] = []

@@ -1049,11 +1049,25 @@ async def routing_status(
     serving replica knows (its requests in flight, its load fit) is not part of it, so a replica's live
     weights can differ while requests are in flight there.
     """
-    balancer = RateBalancer(store, settings)
+    balancer = await read_balancer(store, settings, model_group)
+    candidates = [d if isinstance(d, Candidate) else Candidate(str(d)) for d in deployments]
+    estimates = balancer.estimates(model_group, candidates)
+    return [estimates[c.id] for c in candidates]
+
+
+async def read_balancer(
+    store: RoutingStore,
+    settings: RoutingSettings,
+    model_group: str,
+    *,
+    on_store_error: Callable[[BaseException], None] | None = None,
+) -> RateBalancer:
+    """A balancer of its own holding the shared view of ``model_group``, read once from the store (nothing is
+    written): what :func:`routing_status` answers from, and the ``status`` command when it needs more than
+    that (the deployments the store knows, store faults reported through ``on_store_error``)."""
+    balancer = RateBalancer(store, settings, on_store_error=on_store_error)
     await balancer.refresh(model_group)
     if abs(balancer._view(model_group).offset) * 1000 >= balancer._bucket_ms:
         # The store's clock is not this machine's: the first read asked for the wrong buckets.
         await balancer.refresh(model_group)
-    candidates = [d if isinstance(d, Candidate) else Candidate(str(d)) for d in deployments]
-    estimates = balancer.estimates(model_group, candidates)
-    return [estimates[c.id] for c in candidates]
+    return balancer
