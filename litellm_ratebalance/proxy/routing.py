@@ -349,6 +349,17 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
         request_kwargs: dict[str, Any] | None = None,
         parent_otel_span: Any = None,
     ) -> list[Any]:
+        started = time.perf_counter()
+        try:
+            return self._filter(model, healthy_deployments, messages, request_kwargs)
+        finally:
+            metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"]).labels(
+                "routing", "filter_deployments"
+            ).observe(time.perf_counter() - started)
+
+    def _filter(
+        self, model: str, healthy_deployments: list[Any], messages: Any, request_kwargs: dict[str, Any] | None
+    ) -> list[Any]:
         try:
             if len(healthy_deployments) < 2 or _litellm.is_fanout_lookup(messages):
                 return healthy_deployments

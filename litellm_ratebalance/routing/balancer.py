@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -62,6 +63,10 @@ _CHANGE_MIN_SAMPLES = 3.0
 _MAX_OVERDUE_SAMPLES = 32
 """In-flight requests per deployment turned into overdue samples at a decision (the oldest ones)."""
 
+
+_JOINT_EVIDENCE = 4
+"""At most this many overdue requests of one deployment are taken together as evidence of a slowdown (more
+would let a deployment that is merely busy, all its requests a little slow, read as changed)."""
 
 _UNMEASURED_BOUND = 0.9
 """The rate bound of an overdue request at a deployment without successful samples of its own is capped at
@@ -781,13 +786,19 @@ class RateBalancer:
                 expected = (derived.expected.get(c.id) or derived.pooled_expected) if evidence_on else None
                 if expected is not None and oldest < now - expected[0]:
                     latency, work = expected
-                    if (
-                        detect
-                        and self._change_sigma > 0
-                        and self._surprising(view, c.id, work / (now - oldest))
-                        # Its oldest request is far slower than its samples: changed since that request left.
-                        and self._changed(view, c.id, now, oldest, work / (now - oldest))
-                    ):
+                    ages: list[float] = []
+                    for started, _ in queue.values():  # oldest first
+                        age = now - started
+                        if age <= latency or len(ages) >= _MAX_OVERDUE_SAMPLES:
+                            break
+                        ages.append(age)
+                    evidence = (
+                        self._slowdown_evidence(view, c.id, [work / age for age in ages[:_JOINT_EVIDENCE]])
+                        if detect and self._change_sigma > 0
+                        else None
+                    )
+                    # Its oldest requests are far slower than its samples: changed since the oldest one left.
+                    if evidence is not None and self._changed(view, c.id, now, oldest, evidence):
                         state_window = derived.window.get(c.id) or RateAggregate()
                     else:
                         state_window = states[i].window
@@ -795,10 +806,7 @@ class RateBalancer:
                     # Without a successful sample of its own the bound comes from the group's typical work: an
                     # upper bound, not a measurement, so it is not taken to beat the SLA before an answer does.
                     ceiling = _UNMEASURED_BOUND * sla if sla is not None and c.id not in derived.expected else None
-                    for n, (started, _) in enumerate(queue.values()):
-                        age = now - started
-                        if age <= latency or n >= _MAX_OVERDUE_SAMPLES:
-                            break
+                    for age in ages:
                         bound = work / age
                         if ceiling is not None and bound > ceiling:
                             bound = ceiling
@@ -882,6 +890,30 @@ class RateBalancer:
             return False
         spread = max(window.std, 0.1 * mean)
         return abs(rate - mean) > self._change_sigma * spread
+
+    def _slowdown_evidence(self, view: _GroupView, deployment_id: str, bounds: Sequence[float]) -> float | None:
+        """The mean of the ``m`` smallest rate bounds of overdue requests (``bounds``: ascending) when, for
+        some ``m``, it lies ``change_detection_sigma`` standard errors (``spread / sqrt(m)``, the spread as in
+        :meth:`_surprising`) below the deployment's window mean; else ``None``.
+
+        One request must be ``sigma`` spreads slow to count; ``m`` slow requests together need only
+        ``sigma / sqrt(m)`` each, as for the mean of ``m`` samples. A deployment that slowed down has several
+        requests in flight when its first answer is still due, so this sees the change at about the time the
+        oldest of them is ``1 + sigma / sqrt(m)`` spreads late instead of ``1 + sigma``. The bounds are upper
+        bounds (the most each request can still achieve), so their mean errs on the side of no change."""
+        window = view.derived.window_full.get(deployment_id)
+        if not bounds or window is None or window.count - window.failures < _CHANGE_MIN_SAMPLES:
+            return None
+        mean = window.mean_ok_rate
+        if mean is None:
+            return None
+        spread = max(window.std, 0.1 * mean)
+        total = 0.0
+        for m, bound in enumerate(bounds, start=1):
+            total += bound
+            if mean - total / m > self._change_sigma * spread / math.sqrt(m):
+                return total / m
+        return None
 
     def _changed(
         self, view: _GroupView, deployment_id: str, now: float, since: float, evidence: float | None = None

@@ -210,12 +210,15 @@ async def test_picks_and_weights_are_exported_as_metrics() -> None:
     before = value("litellm_ratebalance_routing_choices_total", "a") + value(
         "litellm_ratebalance_routing_choices_total", "b"
     )
+    timed = {"component": "routing", "hook": "filter_deployments"}
+    timed_before = REGISTRY.get_sample_value("litellm_ratebalance_hook_latency_seconds_count", timed) or 0.0
     for _ in range(5):
         await callback.async_filter_deployments("metrics-g", deployments, None, {})
     after = value("litellm_ratebalance_routing_choices_total", "a") + value(
         "litellm_ratebalance_routing_choices_total", "b"
     )
     assert after - before == 5
+    assert REGISTRY.get_sample_value("litellm_ratebalance_hook_latency_seconds_count", timed) == timed_before + 5
     weights = balancer.weights("metrics-g", deployment_candidates(deployments))
     assert value("litellm_ratebalance_routing_weight", "a") == pytest.approx(weights["a"])
     assert value("litellm_ratebalance_routing_estimated_rate", "a") == pytest.approx(200.0)

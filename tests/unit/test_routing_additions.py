@@ -242,3 +242,19 @@ async def test_a_failing_deployment_is_retried_once_per_failure_half_life() -> N
     clock.advance(2.0)
     assert AB[balancer.choose(G, AB)].id == "a"  # due: one request to see whether it recovered
     assert AB[balancer.choose(G, AB)].id == "b"  # and not another while that one is in flight
+
+
+@pytest.mark.parametrize(("in_flight", "changed"), [(1, False), (4, True)])
+async def test_several_late_requests_together_reveal_a_slowdown_that_one_does_not(
+    in_flight: int, changed: bool
+) -> None:
+    balancer, clock = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0, change_detection_sigma=3.0)
+    feed(balancer, G, "a", [100.0, 120.0, 80.0, 100.0], latency=1.0)  # mean 100, spread ~16
+    feed(balancer, G, "b", [60.0, 65.0, 55.0, 60.0], latency=1.0)
+    await balancer.refresh(G)
+    for _ in range(in_flight):
+        balancer.choose(G, (Candidate("a"),))
+    clock.advance(1.6)  # each is now a sample of at most 62.5 tok/s: 2.3 spreads low alone, 4.6 standard errors as 4
+    balancer.choose(G, AB)  # decisions run the detection
+    assert ("a" in balancer._views[G].changed) is changed
+    assert (balancer.estimates(G, AB)["a"].samples < 4) is changed  # a change forgets the samples before it
