@@ -20,8 +20,9 @@ Definitions:
      this request's cost would exceed ``θ x C`` -> shed (503 ``memory_pressure``); a request whose cost
      alone exceeds ``θ x C`` can never fit (advice ``reroute``);
   3. concurrency: the highest tier may fill every slot of the limit; at the limit it gets 429
-     ``concurrency_limit`` (or waits in the queue where one is enabled). A lower tier may only take a slot
-     while ``(in flight + 1) / limit <= θ`` (the rest is kept for the tiers above) -> else shed (503
+     ``concurrency_limit`` (or waits in the queue where one is enabled). A lower tier may take a slot while
+     the concurrency signal, ``in flight / limit``, is below ``θ`` (judged before the admission, as the
+     server signals in 1. are) and one slot at least stays free for the tiers above -> else shed (503
      ``compute_saturation``);
   4. admit.
 * **Retry-after** comes from the drain rate, by Little's law: a deployment with ``N`` requests in flight
@@ -133,11 +134,19 @@ def tier_threshold(rank: int, n_tiers: int, shed_threshold: float, hard_threshol
 
 
 def tier_slots(rank: int, n_tiers: int, limit: int, shed_threshold: float, hard_threshold: float) -> int:
-    """How many requests may be in flight, all tiers together, for a request of tier ``rank`` to be
-    admitted: the whole limit for the highest tier, ``floor(threshold x limit)`` below it."""
+    """How many requests may be in flight, all tiers together, once a request of tier ``rank`` is admitted:
+    the whole limit for the highest tier; below it ``ceil(threshold x limit)``, since such a request is
+    admitted while ``in flight / limit < threshold``, but at most ``limit - 1`` (one slot always stays
+    for the tiers above: a limit of 2 is not all the low tier's at 0.85).
+
+    Judged before the admission, like the server signals: with a limit of 9 and a threshold of 0.85 the
+    8th request (7 of 9 = 0.78 in flight) is admitted and the 9th (0.89) is not. (Judging the utilisation
+    after it, ``(in flight + 1) / limit <= threshold``, would stop at 7: up to one slot fewer, which on a
+    server whose limit sits near its knee keeps it below full speed whenever the top tier leaves a gap.)"""
     if n_tiers <= 1 or rank >= n_tiers - 1:
         return limit
-    return max(0, math.floor(tier_threshold(rank, n_tiers, shed_threshold, hard_threshold) * limit + 1e-9))
+    threshold = tier_threshold(rank, n_tiers, shed_threshold, hard_threshold)
+    return max(0, min(limit - 1, math.ceil(threshold * limit - 1e-9)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,13 @@ def test_tier_thresholds_spread_from_shed_to_hard() -> None:
     assert [tier_threshold(r, 3, 0.85, 0.95) for r in range(3)] == pytest.approx([0.85, 0.90, 0.95])
     assert tier_threshold(0, 1, 0.85, 0.95) == 0.95  # a single tier is the highest
     assert [tier_slots(r, 3, 20, 0.85, 0.95) for r in range(3)] == [17, 18, 20]
+    # Judged before the admission: 7 of 9 in flight is 0.78 < 0.85, so the 8th is admitted, the 9th not.
+    assert tier_slots(0, 2, 9, 0.85, 0.95) == 8
+    assert verdict(0, 2, inflight=7, limit=9).admitted
+    assert not verdict(0, 2, inflight=8, limit=9).admitted
+    # One slot stays for the tiers above; a low threshold still leaves a slot to the lower tier when idle.
+    assert tier_slots(0, 2, 2, 0.85, 0.95) == 1 and tier_slots(0, 2, 1, 0.85, 0.95) == 0
+    assert tier_slots(0, 2, 4, 0.1, 0.95) == 1
 
 
 def test_tiers_resolve_names_and_default() -> None:
