@@ -156,6 +156,10 @@ _estimated_rate = metrics.gauge(
     "Estimated effective token rate of each deployment (recency-weighted mean of the window, tokens/s)",
     _METRIC_LABELS,
 )
+# The family the limiter, contracts and backpressure observe too; one fixed child, looked up once.
+_filter_latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"]).labels(
+    "routing", "filter_deployments"
+)
 _gauges_updated: dict[str, float] = {}
 _choice_children: dict[tuple[str, str], Any] = {}
 """Labelled counter children by (model group, deployment): ``labels()`` costs more than the increment."""
@@ -353,9 +357,7 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
         try:
             return self._filter(model, healthy_deployments, messages, request_kwargs)
         finally:
-            metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"]).labels(
-                "routing", "filter_deployments"
-            ).observe(time.perf_counter() - started)
+            _filter_latency.observe(time.perf_counter() - started)
 
     def _filter(
         self, model: str, healthy_deployments: list[Any], messages: Any, request_kwargs: dict[str, Any] | None

@@ -881,33 +881,24 @@ class RateBalancer:
     # -- change detection -----------------------------------------------------------------------------
     def _surprising(self, view: _GroupView, deployment_id: str, rate: float) -> bool:
         """Whether a rate (finished, or the bound of a request in flight) is far outside the deployment's
-        recency-weighted window: ``change_detection_sigma`` standard deviations (at least 10 % of the mean)."""
-        window = view.derived.window_full.get(deployment_id)
-        if window is None or window.count - window.failures < _CHANGE_MIN_SAMPLES:
-            return False
-        mean = window.mean_ok_rate
-        if mean is None:
-            return False
-        spread = max(window.std, 0.1 * mean)
-        return abs(rate - mean) > self._change_sigma * spread
+        recency-weighted window: ``change_detection_sigma`` spreads (see :func:`_change_scale`)."""
+        scale = _change_scale(view, deployment_id)
+        return scale is not None and abs(rate - scale[0]) > self._change_sigma * scale[1]
 
     def _slowdown_evidence(self, view: _GroupView, deployment_id: str, bounds: Sequence[float]) -> float | None:
         """The mean of the ``m`` smallest rate bounds of overdue requests (``bounds``: ascending) when, for
-        some ``m``, it lies ``change_detection_sigma`` standard errors (``spread / sqrt(m)``, the spread as in
-        :meth:`_surprising`) below the deployment's window mean; else ``None``.
+        some ``m``, it lies ``change_detection_sigma`` standard errors (``spread / sqrt(m)``, see
+        :func:`_change_scale`) below the deployment's window mean; else ``None``.
 
         One request must be ``sigma`` spreads slow to count; ``m`` slow requests together need only
         ``sigma / sqrt(m)`` each, as for the mean of ``m`` samples. A deployment that slowed down has several
-        requests in flight when its first answer is still due, so this sees the change at about the time the
-        oldest of them is ``1 + sigma / sqrt(m)`` spreads late instead of ``1 + sigma``. The bounds are upper
+        requests in flight when its first answer is still due, so this can see the change once they are
+        ``sigma / sqrt(m)`` spreads slow instead of ``sigma``. The bounds are upper
         bounds (the most each request can still achieve), so their mean errs on the side of no change."""
-        window = view.derived.window_full.get(deployment_id)
-        if not bounds or window is None or window.count - window.failures < _CHANGE_MIN_SAMPLES:
+        scale = _change_scale(view, deployment_id) if bounds else None
+        if scale is None:
             return None
-        mean = window.mean_ok_rate
-        if mean is None:
-            return None
-        spread = max(window.std, 0.1 * mean)
+        mean, spread = scale
         total = 0.0
         for m, bound in enumerate(bounds, start=1):
             total += bound
@@ -1056,6 +1047,18 @@ def _smooth_pick(credits: dict[str, float], candidates: Sequence[Candidate], sha
             if i != best and credits.get(c.id, 0.0) > _CREDIT_LIMIT:
                 credits[c.id] = _CREDIT_LIMIT
     return best
+
+
+def _change_scale(view: _GroupView, deployment_id: str) -> tuple[float, float] | None:
+    """(mean, spread) a change is measured against: the deployment's recency-weighted window mean and its
+    standard deviation (at least 10 % of the mean); ``None`` with too few successful samples to say."""
+    window = view.derived.window_full.get(deployment_id)
+    if window is None or window.count - window.failures < _CHANGE_MIN_SAMPLES:
+        return None
+    mean = window.mean_ok_rate
+    if mean is None:
+        return None
+    return mean, max(window.std, 0.1 * mean)
 
 
 def _add_to(target: dict[str, RateAggregate], deployment_id: str, agg: RateAggregate, weight: float = 1.0) -> None:
