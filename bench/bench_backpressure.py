@@ -247,6 +247,8 @@ async def main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--debug", action="store_true", help="print the layer's view of the deployment every 0.5s")
     args = parser.parse_args(argv)
+    if not 0.0 < args.high_share < 1.0:
+        parser.error(f"--high-share must be between 0 and 1, exclusive (got {args.high_share})")
     logging.getLogger("LiteLLM").setLevel(logging.CRITICAL)
     litellm.suppress_debug_info = True
     rng = random.Random(args.seed)
