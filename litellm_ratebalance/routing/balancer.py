@@ -67,6 +67,9 @@ _MAX_OVERDUE_SAMPLES = 32
 _JOINT_EVIDENCE = 4
 """At most this many overdue requests of one deployment are taken together as evidence of a slowdown (more
 would let a deployment that is merely busy, all its requests a little slow, read as changed)."""
+_UNPROVEN_GROWTH = 2.0
+"""Factor by which a deployment's load may grow beyond the busiest it was seen serving lately, while its
+capacity is unknown (never seen slowed down by load)."""
 
 _UNMEASURED_BOUND = 0.9
 """The rate bound of an overdue request at a deployment without successful samples of its own is capped at
@@ -371,7 +374,10 @@ class RateBalancer:
             view.pending[deployment_id] = sample.copy()
         else:
             aggregate.merge(sample)
-        if ok and self._change_sigma > 0 and self._surprising(view, deployment_id, rate):
+        # Judged against what the load fit expects at the load this request met, where it can say: a
+        # deployment with few slots is slow when piled onto, without having changed.
+        expected = self._expected_at(view, deployment_id, load) if ok and self._change_sigma > 0 else None
+        if ok and self._change_sigma > 0 and self._surprising(view, deployment_id, rate, expected):
             self._changed(view, deployment_id, now, now - latency)
         # The local view sees its own sample at once (the shared one at the next sync): a deployment has
         # samples as soon as one of its requests finished here, and a failure counts from this moment.
@@ -769,8 +775,15 @@ class RateBalancer:
                     shift = fit.shift(busy + 1.0, states[i].window.mean)
                     spread = fit.spread()
                     slots = fit.slots()
+                    if slots is None:
+                        # Capacity unknown: never seen slowed down by load, but never seen busier than this
+                        # either. Like a slow start, it gets at most twice that (and two more) until it has
+                        # served them at full speed, so a pile-up is found before it is a queue.
+                        proven = fit.busiest_load
+                        if proven is not None:
+                            slots = max(_UNPROVEN_GROWTH * proven, proven + 2.0)
                     if slots is not None:
-                        # Seen saturated: scale the share down as its learnt slots fill up (to 0 when full).
+                        # Scale the share down as the (learnt or allowed) slots fill up (to 0 when full).
                         slots_left = headroom_multiplier(max(slots - busy, 0.0) / slots, _SLOTS_HEADROOM)
             stalled = 0
             overdue: RateAggregate | None = None
@@ -792,8 +805,11 @@ class RateBalancer:
                         if age <= latency or len(ages) >= _MAX_OVERDUE_SAMPLES:
                             break
                         ages.append(age)
+                    # Measured from what the load fit expects at the load now: a pile-up on a deployment with
+                    # few slots makes its requests overdue without any change to it.
+                    at_load = self._expected_at(view, c.id, float(len(queue)))
                     evidence = (
-                        self._slowdown_evidence(view, c.id, [work / age for age in ages[:_JOINT_EVIDENCE]])
+                        self._slowdown_evidence(view, c.id, [work / age for age in ages[:_JOINT_EVIDENCE]], at_load)
                         if detect and self._change_sigma > 0
                         else None
                     )
@@ -879,13 +895,23 @@ class RateBalancer:
         return headroom_multiplier(min(fractions), headroom) if fractions else 1.0
 
     # -- change detection -----------------------------------------------------------------------------
-    def _surprising(self, view: _GroupView, deployment_id: str, rate: float) -> bool:
+    def _expected_at(self, view: _GroupView, deployment_id: str, load: float) -> float | None:
+        """The rate the load fit expects at ``load`` (None: no fit, or it cannot say)."""
+        if not self.settings.load_aware:
+            return None
+        fit = view.loads.get(deployment_id)
+        return fit.expected_rate(load) if fit is not None else None
+
+    def _surprising(self, view: _GroupView, deployment_id: str, rate: float, expected: float | None = None) -> bool:
         """Whether a rate (finished, or the bound of a request in flight) is far outside the deployment's
-        recency-weighted window: ``change_detection_sigma`` spreads (see :func:`_change_scale`)."""
-        scale = _change_scale(view, deployment_id)
+        recency-weighted window: ``change_detection_sigma`` spreads (see :func:`_change_scale`), measured from
+        ``expected`` (the load fit's rate at the load the request met) when given."""
+        scale = _change_scale(view, deployment_id, expected)
         return scale is not None and abs(rate - scale[0]) > self._change_sigma * scale[1]
 
-    def _slowdown_evidence(self, view: _GroupView, deployment_id: str, bounds: Sequence[float]) -> float | None:
+    def _slowdown_evidence(
+        self, view: _GroupView, deployment_id: str, bounds: Sequence[float], expected: float | None = None
+    ) -> float | None:
         """The mean of the ``m`` smallest rate bounds of overdue requests (``bounds``: ascending) when, for
         some ``m``, it lies ``change_detection_sigma`` standard errors (``spread / sqrt(m)``, see
         :func:`_change_scale`) below the deployment's window mean; else ``None``.
@@ -895,7 +921,7 @@ class RateBalancer:
         requests in flight when its first answer is still due, so this can see the change once they are
         ``sigma / sqrt(m)`` spreads slow instead of ``sigma``. The bounds are upper
         bounds (the most each request can still achieve), so their mean errs on the side of no change."""
-        scale = _change_scale(view, deployment_id) if bounds else None
+        scale = _change_scale(view, deployment_id, expected) if bounds else None
         if scale is None:
             return None
         mean, spread = scale
@@ -1049,16 +1075,26 @@ def _smooth_pick(credits: dict[str, float], candidates: Sequence[Candidate], sha
     return best
 
 
-def _change_scale(view: _GroupView, deployment_id: str) -> tuple[float, float] | None:
-    """(mean, spread) a change is measured against: the deployment's recency-weighted window mean and its
-    standard deviation (at least 10 % of the mean); ``None`` with too few successful samples to say."""
+def _change_scale(view: _GroupView, deployment_id: str, expected: float | None = None) -> tuple[float, float] | None:
+    """(centre, spread) a change is measured against: the deployment's recency-weighted window mean and its
+    standard deviation (at least 10 % of the centre); ``None`` with too few successful samples to say.
+
+    With ``expected`` (the load fit's rate at the load in question) that is the centre, and the spread is the
+    fit's own (what is left once load is known) where it has one."""
     window = view.derived.window_full.get(deployment_id)
     if window is None or window.count - window.failures < _CHANGE_MIN_SAMPLES:
         return None
     mean = window.mean_ok_rate
     if mean is None:
         return None
-    return mean, max(window.std, 0.1 * mean)
+    spread = window.std
+    if expected is not None:
+        mean = expected
+        fit = view.loads.get(deployment_id)
+        fit_spread = fit.spread() if fit is not None else None
+        if fit_spread is not None:
+            spread = fit_spread
+    return mean, max(spread, 0.1 * mean)
 
 
 def _add_to(target: dict[str, RateAggregate], deployment_id: str, agg: RateAggregate, weight: float = 1.0) -> None:

@@ -105,13 +105,27 @@ def test_load_fit_peak_and_unloaded_rate() -> None:
     assert fit.shift(1.0, mean_rate=150.0) == pytest.approx(48.33, rel=1e-3)
 
 
-def test_load_fit_peak_fades_with_its_half_life() -> None:
+def test_load_fit_levels_fade_out_with_their_half_life() -> None:
     fit = LoadFit()
     for t in range(3):
         fit.add(float(t), 4.0, 100.0, half_life_seconds=10.0)
-    peak = fit.peak
-    fit.add(12.0, 1.0, 10.0, half_life_seconds=10.0)
-    assert fit.peak == pytest.approx(peak * 0.5)
+    assert fit.peak == pytest.approx(400.0) and fit.busiest_load == pytest.approx(4.0)
+    # Three samples at load 4 weigh < 0.5 four half-lives later: only the fresh samples at load 1 count.
+    for t in (40.0, 41.0, 42.0):
+        fit.add(t, 1.0, 150.0, half_life_seconds=10.0)
+    assert fit.peak == pytest.approx(150.0) and fit.busiest_load == pytest.approx(1.0)
+    assert fit.reference_rate == pytest.approx(150.0)
+
+
+def test_load_fit_without_an_idle_sample_judges_by_its_least_loaded_level() -> None:
+    fit = LoadFit()
+    # Piled onto from the start: 2 slots at 220 tok/s shared by 6..10 requests, never seen idle.
+    for t, load in enumerate([6.0, 8.0, 10.0, 6.0]):
+        fit.add(float(t), load, 440.0 / load, half_life_seconds=0.0)
+    assert fit.reference_rate == pytest.approx(440.0 / 6.0)  # a lower bound of its unloaded rate
+    assert fit.slots() is not None  # 10 requests got 44 each: far below 10 x 73
+    assert fit.expected_rate(11.0) == pytest.approx(40.0)  # the pile-up is seen as such
+    assert fit.expected_rate(1.0) == pytest.approx(440.0 / 6.0)
 
 
 async def test_load_aware_shares_move_away_from_a_busy_deployment_with_few_slots() -> None:
