@@ -59,7 +59,11 @@ _LOCAL_RECOMPUTE_SECONDS = 0.05
 _SLOTS_HEADROOM = 0.5
 """Below this fraction of its learnt slots free, a saturated deployment's share shrinks linearly."""
 _CHANGE_MIN_SAMPLES = 3.0
+"""Successful samples (recency-weighted) from which a deployment's own spread measures a change."""
+_FEW_SAMPLES_FOR_CHANGE = 0.5
 """Successful samples (recency-weighted) a deployment needs before a sample can say that it changed."""
+_FEW_SAMPLES_SPREAD = 0.25
+"""Spread floor (share of the mean) with fewer than :data:`_CHANGE_MIN_SAMPLES` samples."""
 _MAX_OVERDUE_SAMPLES = 32
 """In-flight requests per deployment turned into overdue samples at a decision (the oldest ones)."""
 
@@ -210,6 +214,7 @@ class _GroupView:
         "pending",
         "pending_limits",
         "pending_since",
+        "post_change",
         "probed_at",
         "probes",
         "ratios",
@@ -241,9 +246,12 @@ class _GroupView:
         self.last_attempt: dict[str, float] = {}
         """Per deployment: local time of this replica's last pick of it."""
         self.probes: set[str] = set()
+        """Deployments to send one request each, to re-measure them after another one changed."""
         self.probed_at = float("-inf")
         """Local time of the last round of re-measuring probes."""
-        """Deployments to send one request each, to re-measure them after another one changed."""
+        self.post_change: dict[str, tuple[int, RateAggregate]] = {}
+        """Per deployment with a detected change: the bucket its change fell in, and this replica's samples
+        recorded in that bucket after the change (the bucket itself mixes both regimes, so it is ignored)."""
         self.loads: dict[str, LoadFit] = {}
         """Per deployment: this replica's fit of rate against load (``load_aware``)."""
         self.credits: dict[str, float] = {}
@@ -379,6 +387,9 @@ class RateBalancer:
         expected = self._expected_at(view, deployment_id, load) if ok and self._change_sigma > 0 else None
         if ok and self._change_sigma > 0 and self._surprising(view, deployment_id, rate, expected):
             self._changed(view, deployment_id, now, now - latency)
+        after_change = view.post_change.get(deployment_id)
+        if after_change is not None and after_change[0] == int((now + view.offset) * 1000) // self._bucket_ms:
+            after_change[1].merge(sample)
         # The local view sees its own sample at once (the shared one at the next sync): a deployment has
         # samples as soon as one of its requests finished here, and a failure counts from this moment.
         self._add_local(view, deployment_id, sample)
@@ -587,7 +598,9 @@ class RateBalancer:
         forgotten = self._clock() - self._max_in_flight_age
         for queue in view.in_flight.values():
             queue.forget_before(forgotten)
-        view.derived = derived = self._derive(view.buckets, snapshot.now_ms, view.cutoff_ms)
+        for deployment_id in [d for d, (index, _) in view.post_change.items() if index < oldest]:
+            del view.post_change[deployment_id]
+        view.derived = derived = self._derive(view.buckets, snapshot.now_ms, view.cutoff_ms, view.post_change)
         for deployment_id, bound in list(view.change_evidence.items()):
             if deployment_id in derived.window_full:
                 del view.change_evidence[deployment_id]  # a real sample from after the change
@@ -639,11 +652,14 @@ class RateBalancer:
         buckets: Mapping[int, Mapping[str, RateAggregate]],
         now_ms: int,
         cutoff_ms: Mapping[str, float] | None = None,
+        post_change: Mapping[str, tuple[int, RateAggregate]] | None = None,
     ) -> _Derived:
         """Window, recent and usage aggregates per deployment as of store time ``now_ms``.
 
         A bucket belongs to a window of length W when it ends after ``now - W``. In the window a bucket's
-        samples count ``recency_weight(age of its middle)``; usage (for tpm / rpm) counts them fully.
+        samples count ``recency_weight(age of its middle)``; usage (for tpm / rpm) counts them fully. A
+        deployment's buckets up to its ``cutoff_ms`` (a detected change) are left out of the window; the one
+        the cutoff falls in is replaced by the ``post_change`` samples of that bucket.
         """
         derived = _Derived()
         derived.now_ms = now_ms
@@ -667,16 +683,20 @@ class RateBalancer:
                 decay = 0.5 ** (age_ms / half_life_ms)
             weight = recency_weight(age_ms, sample_half_life_ms)
             for deployment_id, agg in buckets[index].items():
-                if in_window and cutoff_ms and end <= cutoff_ms.get(deployment_id, -1.0):
-                    in_window_here = False  # from before a detected change of this deployment
-                else:
-                    in_window_here = in_window
-                if in_window_here:
-                    _add_to(derived.window_full, deployment_id, agg, weight)
+                windowed: RateAggregate | None = agg if in_window else None
+                cutoff = cutoff_ms.get(deployment_id, -1.0) if in_window and cutoff_ms else -1.0
+                if end <= cutoff:
+                    windowed = None  # from before a detected change of this deployment
+                elif end - width < cutoff:
+                    # The bucket the change fell in: only what this replica saw after the change.
+                    after = post_change.get(deployment_id) if post_change else None
+                    windowed = after[1] if after is not None and after[0] == index and after[1].count else None
+                if windowed is not None:
+                    _add_to(derived.window_full, deployment_id, windowed, weight)
                     if adaptive:
                         chosen = derived.window.get(deployment_id)
                         if chosen is None or chosen.count < min_samples:
-                            _add_to(derived.window, deployment_id, agg, weight)
+                            _add_to(derived.window, deployment_id, windowed, weight)
                 if in_recent:
                     _add_to(derived.recent, deployment_id, agg)
                     attempts, failures = derived.failure_weights.get(deployment_id, (0.0, 0.0))
@@ -943,7 +963,8 @@ class RateBalancer:
         if last is not None and now - last < self._change_cooldown:
             return False
         view.changed[deployment_id] = now
-        view.cutoff_ms[deployment_id] = (since + view.offset) * 1000.0
+        cutoff = view.cutoff_ms[deployment_id] = (since + view.offset) * 1000.0
+        view.post_change[deployment_id] = (int(cutoff) // self._bucket_ms, RateAggregate())
         derived = view.derived
         for target in (derived.window_full, derived.window):
             target.pop(deployment_id, None)
@@ -1077,16 +1098,23 @@ def _smooth_pick(credits: dict[str, float], candidates: Sequence[Candidate], sha
 
 def _change_scale(view: _GroupView, deployment_id: str, expected: float | None = None) -> tuple[float, float] | None:
     """(centre, spread) a change is measured against: the deployment's recency-weighted window mean and its
-    standard deviation (at least 10 % of the centre); ``None`` with too few successful samples to say.
+    standard deviation (at least 10 % of the centre, 25 % with fewer than 3 samples); ``None`` with too few
+    successful samples to say.
 
     With ``expected`` (the load fit's rate at the load in question) that is the centre, and the spread is the
     fit's own (what is left once load is known) where it has one."""
     window = view.derived.window_full.get(deployment_id)
-    if window is None or window.count - window.failures < _CHANGE_MIN_SAMPLES:
+    if window is None:
+        return None
+    successes = window.count - window.failures
+    if successes < _FEW_SAMPLES_FOR_CHANGE:
         return None
     mean = window.mean_ok_rate
     if mean is None:
         return None
+    # Few samples say little about the spread: a wide floor, so that only a change of several times the
+    # rate (the one that matters for a deployment that gets little traffic) is taken for one.
+    floor = 0.1 if successes >= _CHANGE_MIN_SAMPLES else _FEW_SAMPLES_SPREAD
     spread = window.std
     if expected is not None:
         mean = expected
@@ -1094,7 +1122,7 @@ def _change_scale(view: _GroupView, deployment_id: str, expected: float | None =
         fit_spread = fit.spread() if fit is not None else None
         if fit_spread is not None:
             spread = fit_spread
-    return mean, max(spread, 0.1 * mean)
+    return mean, max(spread, floor * mean)
 
 
 def _add_to(target: dict[str, RateAggregate], deployment_id: str, agg: RateAggregate, weight: float = 1.0) -> None:
