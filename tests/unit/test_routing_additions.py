@@ -272,3 +272,69 @@ async def test_several_late_requests_together_reveal_a_slowdown_that_one_does_no
     balancer.choose(G, AB)  # decisions run the detection
     assert ("a" in balancer._views[G].changed) is changed
     assert (balancer.estimates(G, AB)["a"].samples < 4) is changed  # a change forgets the samples before it
+
+
+async def test_samples_of_the_bucket_a_change_fell_in_come_back_only_from_after_it() -> None:
+    balancer, clock = make_balancer(change_detection_sigma=3.0, bucket_seconds=10)
+    abc = candidates("a", "b", "c")
+    feed(balancer, G, "b", [60.0, 65.0, 55.0, 60.0])
+    feed(balancer, G, "c", [30.0, 32.0, 28.0, 30.0])
+    clock.advance(5.0)  # the 10 s bucket from T0 holds a's fast samples and, next, its slow one
+    feed(balancer, G, "a", [150.0, 140.0, 160.0, 150.0], latency=0.1)
+    await balancer.refresh(G)
+    balancer.record(G, "a", latency=1.0, output_tokens=20)  # the change: 20 tok/s
+    clock.advance(1.0)
+    balancer.record(G, "a", latency=1.0, output_tokens=24)  # after it, same bucket
+    await balancer.refresh(G)  # the store's bucket mixes 150s and 20s; the view keeps only the latter
+    estimate = balancer.estimates(G, abc)["a"]
+    assert estimate.samples == 2 and estimate.mean_rate == pytest.approx(22.0)
+
+
+async def test_a_rarely_used_deployment_that_sped_up_several_fold_is_seen_changed() -> None:
+    balancer, _ = make_balancer(change_detection_sigma=3.0)
+    feed(balancer, G, "a", [150.0, 140.0, 160.0, 150.0])
+    feed(balancer, G, "b", [30.0, 32.0])  # two samples: its own spread says nothing yet
+    feed(balancer, G, "c", [30.0, 32.0])
+    await balancer.refresh(G)
+    balancer.record(G, "c", latency=1.0, output_tokens=50)  # +61 %: within the wide few-samples floor
+    assert "c" not in balancer._views[G].changed
+    balancer.record(G, "b", latency=1.0, output_tokens=150)  # 5x
+    assert "b" in balancer._views[G].changed
+    assert balancer.estimates(G, AB)["b"].mean_rate == pytest.approx(150.0)
+
+
+async def test_a_pile_up_the_load_fit_explains_is_not_a_change() -> None:
+    balancer, clock = make_balancer(change_detection_sigma=3.0, load_aware=True)
+    view = balancer._view(G)
+    fit = view.loads["a"] = LoadFit()  # 2 slots at 200 tok/s
+    for load, rate in [(1.0, 200.0), (2.0, 195.0), (1.0, 205.0), (4.0, 100.0), (6.0, 66.0)]:
+        fit.add(clock.now, load, rate, 0.0)
+    feed(balancer, G, "a", [200.0, 195.0, 205.0, 200.0])
+    feed(balancer, G, "b", [60.0, 65.0, 55.0, 60.0])
+    await balancer.refresh(G)
+    for _ in range(8):
+        balancer.choose(G, (Candidate("a"),))  # 8 in flight
+    # The first one met 1 request and leaves 8: load 4.5, where the fit expects peak 400 / 4.5 = 89 tok/s.
+    balancer.record(G, "a", latency=1.0, output_tokens=80)  # far below the window's 200, as expected
+    assert "a" not in view.changed
+    balancer.record(G, "a", latency=1.0, output_tokens=5)  # far below even that
+    assert "a" in view.changed
+
+
+async def test_a_deployment_of_unknown_capacity_is_not_loaded_beyond_twice_its_busiest() -> None:
+    balancer, clock = make_balancer(load_aware=True, stall_latency_factor=0.0)
+    view = balancer._view(G)
+    for deployment in ("a", "b"):
+        fit = view.loads[deployment] = LoadFit()
+        for load in (1.0, 2.0, 1.0, 2.0):  # served 2 at a time at full speed: capacity unknown
+            fit.add(clock.now, load, 150.0 if deployment == "a" else 100.0, 0.0)
+        assert fit.slots() is None and fit.busiest_load == pytest.approx(2.0)
+    feed(balancer, G, "a", [150.0, 140.0, 160.0, 150.0])
+    feed(balancer, G, "b", [100.0, 95.0, 105.0, 100.0])
+    await balancer.refresh(G)
+    shares = []
+    for _ in range(4):
+        balancer.choose(G, (Candidate("a"),))
+        shares.append(balancer.weights(G, AB)["a"])
+    # Full share up to 2 in flight (half of the 4 allowed), then down to none at 4.
+    assert shares[0] == shares[1] > 0.7 and shares[2] < shares[1] and shares[3] < 0.01, shares
