@@ -520,8 +520,9 @@ def recency_weight(age_seconds: float, half_life_seconds: float) -> float:
 
 
 SATURATION_EVIDENCE = 0.8
-"""A deployment counts as seen saturated when its peak throughput is below this share of what its busiest
-load would give at the unloaded rate."""
+"""A load level is slowed down when its mean rate is below this share of the reference (unloaded) rate."""
+SATURATION_WEIGHT = 2.0
+"""Samples (recency-weighted) at slowed-down levels before a deployment counts as seen saturated."""
 
 
 class LoadFit:
@@ -540,8 +541,9 @@ class LoadFit:
       ``r`` tokens/s each peaks at about ``c x r``, so at a load above ``c`` each request gets about
       ``peak / load``.
 
-    It counts as **saturated** once the peak is below :data:`SATURATION_EVIDENCE` of what its busiest level
-    would give at the reference rate (it was slowed down by load). :meth:`expected_rate` is then the smaller
+    It counts as **saturated** once levels busier than the reference ones have mean rates below
+    :data:`SATURATION_EVIDENCE` of the reference, with :data:`SATURATION_WEIGHT` samples among them (it was
+    slowed down by load, not by one unlucky request). :meth:`expected_rate` is then the smaller
     of the reference rate and ``peak / load``; before, the reference rate at low loads and unknown above.
     So a deployment with few slots is not piled onto, gets its full rate back in the estimate when it is
     idle, and one with many slots is not held back once it has been seen busy. Per-level means, not single
@@ -625,18 +627,29 @@ class LoadFit:
         if self.samples < self.MIN_SAMPLES or busiest is None:
             return None, 0.0, None, busiest
         ref_weight = ref_sum = peak = 0.0
+        counting: list[int] = []
+        reference_top = -1
         for level in range(self.LEVELS):
             weight = self._weights[level]
             if weight < self.MIN_LEVEL_WEIGHT:
                 continue
+            counting.append(level)
             if level + 1 <= self.UNLOADED_LOAD or ref_weight == 0.0:
                 ref_weight += weight
                 ref_sum += self._rate_sums[level]
+                reference_top = level
             peak = max(peak, self._load_rate_sums[level] / weight)
         if ref_weight == 0.0:
             return None, 0.0, None, busiest
         reference = ref_sum / ref_weight
-        saturated = reference > 0.0 and peak < SATURATION_EVIDENCE * busiest * reference
+        # Slowed down by load: busier levels whose mean rate is clearly below the reference, holding together
+        # at least SATURATION_WEIGHT samples (one slow sample under jitter is not a capacity).
+        slow_weight = sum(
+            self._weights[level]
+            for level in counting
+            if level > reference_top and self._rate_sums[level] < SATURATION_EVIDENCE * reference * self._weights[level]
+        )
+        saturated = reference > 0.0 and slow_weight >= SATURATION_WEIGHT
         return reference, peak, (peak / reference if saturated else None), busiest
 
     def expected_rate(self, load: float) -> float | None:

@@ -96,8 +96,8 @@ async def test_a_deployment_with_only_overdue_requests_ends_the_bootstrap() -> N
 def test_load_fit_peak_and_unloaded_rate() -> None:
     fit = LoadFit()
     assert fit.expected_rate(1.0) is None
-    # Two slots at 200 tok/s: alone or in pairs 200 each, at load 4 half of it.
-    for t, (load, rate) in enumerate([(1, 200.0), (2, 200.0), (4, 100.0), (2, 195.0)]):
+    # Two slots at 200 tok/s: alone or in pairs 200 each, at load 4 half of it, at 5 two fifths.
+    for t, (load, rate) in enumerate([(1, 200.0), (2, 200.0), (4, 100.0), (2, 195.0), (5, 80.0)]):
         fit.add(float(t), float(load), rate, half_life_seconds=0.0)
     assert fit.expected_rate(1.0) == pytest.approx(198.33, rel=1e-3)  # the unloaded mean, not peak / 1
     assert fit.expected_rate(5.0) == pytest.approx(80.0)  # peak 400 over 5 requests
@@ -205,6 +205,15 @@ async def test_routing_status_reads_the_store_alone() -> None:
     two = await routing_status(store, settings(), G, ["a", "b"])
     live = balancer.weights(G, AB)
     assert {r.deployment_id: r.share for r in two} == pytest.approx(live)
+
+
+def test_one_slow_sample_under_load_is_not_a_capacity() -> None:
+    fit = LoadFit()
+    for t, (load, rate) in enumerate([(1.0, 150.0), (1.0, 140.0), (2.0, 160.0), (3.0, 100.0)]):
+        fit.add(float(t), load, rate, half_life_seconds=0.0)  # 12 slots, one unlucky request at load 3
+    assert fit.slots() is None
+    fit.add(4.0, 4.0, 90.0, half_life_seconds=0.0)  # a second one, busier still: slowed down by load
+    assert fit.slots() is not None
 
 
 def test_load_fit_learns_slots_only_once_saturated() -> None:
