@@ -26,6 +26,7 @@ import json
 import math
 import os
 import random
+import re
 import secrets
 import socket
 import subprocess
@@ -647,12 +648,13 @@ async def main_async(args: argparse.Namespace) -> int:
     print("\n" + report)
     if args.write:
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        (RESULTS_DIR / "routing.md").write_text(report + "\n")
+        name = args.results_name
+        (RESULTS_DIR / f"{name}.md").write_text(report + "\n")
         first = by_seed[seeds[0]]
         if "drift" in first:
             drift = build_scenario("drift", duration=duration, seed=seeds[0])
-            plot_drift(drift, first["drift"], RESULTS_DIR / "routing_drift_share.png", bin_seconds=duration / 12)
-        print(f"wrote {RESULTS_DIR / 'routing.md'} and the drift share plot")
+            plot_drift(drift, first["drift"], RESULTS_DIR / f"{name}_drift_share.png", bin_seconds=duration / 12)
+        print(f"wrote {RESULTS_DIR / (name + '.md')} and, with drift, the drift share plot")
     return 0
 
 
@@ -709,7 +711,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--trace", action="store_true", help="print our balancer's estimates during its runs")
     parser.add_argument("--write", action="store_true", help="write bench/results/routing.md and the PNG")
+    parser.add_argument(
+        "--results-name",
+        default="routing",
+        help="with --write: file name (no suffix) under bench/results, e.g. routing_30s for a longer run",
+    )
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.results_name):
+        parser.error(f"--results-name must be a plain file name (letters, digits, _ . -), got {args.results_name!r}")
     args.argv = list(argv)
     for item in args.ours:
         key, sep, value = item.partition("=")
