@@ -71,6 +71,9 @@ _MAX_OVERDUE_SAMPLES = 32
 _JOINT_EVIDENCE = 4
 """At most this many overdue requests of one deployment are taken together as evidence of a slowdown (more
 would let a deployment that is merely busy, all its requests a little slow, read as changed)."""
+_BOUND_SPREAD_FLOOR = 0.35
+"""Spread floor (share of the mean) against which overdue requests' rate bounds reveal a slowdown: two of them
+must be ~5x late together, four ~2x (the 24-96 token outputs of the benchmark alone make 1.6x)."""
 _UNPROVEN_GROWTH = 2.0
 """Factor by which a deployment's load may grow beyond the busiest it was seen serving lately, while its
 capacity is unknown (never seen slowed down by load)."""
@@ -945,6 +948,9 @@ class RateBalancer:
         if scale is None:
             return None
         mean, spread = scale
+        # A bound assumes the typical work, and requests' work (prompt and output sizes) varies where their
+        # rate per token does not: the bounds scatter more than the samples.
+        spread = max(spread, _BOUND_SPREAD_FLOOR * mean)
         total = 0.0
         for m, bound in enumerate(bounds, start=1):
             total += bound
