@@ -59,11 +59,7 @@ _LOCAL_RECOMPUTE_SECONDS = 0.05
 _SLOTS_HEADROOM = 0.5
 """Below this fraction of its learnt slots free, a saturated deployment's share shrinks linearly."""
 _CHANGE_MIN_SAMPLES = 3.0
-"""Successful samples (recency-weighted) from which a deployment's own spread measures a change."""
-_FEW_SAMPLES_FOR_CHANGE = 0.5
 """Successful samples (recency-weighted) a deployment needs before a sample can say that it changed."""
-_FEW_SAMPLES_SPREAD = 0.25
-"""Spread floor (share of the mean) with fewer than :data:`_CHANGE_MIN_SAMPLES` samples."""
 _MAX_OVERDUE_SAMPLES = 32
 """In-flight requests per deployment turned into overdue samples at a decision (the oldest ones)."""
 
@@ -71,12 +67,6 @@ _MAX_OVERDUE_SAMPLES = 32
 _JOINT_EVIDENCE = 4
 """At most this many overdue requests of one deployment are taken together as evidence of a slowdown (more
 would let a deployment that is merely busy, all its requests a little slow, read as changed)."""
-_BOUND_SPREAD_FLOOR = 0.35
-"""Spread floor (share of the mean) against which overdue requests' rate bounds reveal a slowdown: two of them
-must be ~5x late together, four ~2x (the 24-96 token outputs of the benchmark alone make 1.6x)."""
-_UNPROVEN_GROWTH = 2.0
-"""Factor by which a deployment's load may grow beyond the busiest it was seen serving lately, while its
-capacity is unknown (never seen slowed down by load)."""
 
 _UNMEASURED_BOUND = 0.9
 """The rate bound of an overdue request at a deployment without successful samples of its own is capped at
@@ -217,7 +207,6 @@ class _GroupView:
         "pending",
         "pending_limits",
         "pending_since",
-        "post_change",
         "probed_at",
         "probes",
         "ratios",
@@ -249,12 +238,9 @@ class _GroupView:
         self.last_attempt: dict[str, float] = {}
         """Per deployment: local time of this replica's last pick of it."""
         self.probes: set[str] = set()
-        """Deployments to send one request each, to re-measure them after another one changed."""
         self.probed_at = float("-inf")
         """Local time of the last round of re-measuring probes."""
-        self.post_change: dict[str, tuple[int, RateAggregate]] = {}
-        """Per deployment with a detected change: the bucket its change fell in, and this replica's samples
-        recorded in that bucket after the change (the bucket itself mixes both regimes, so it is ignored)."""
+        """Deployments to send one request each, to re-measure them after another one changed."""
         self.loads: dict[str, LoadFit] = {}
         """Per deployment: this replica's fit of rate against load (``load_aware``)."""
         self.credits: dict[str, float] = {}
@@ -385,14 +371,8 @@ class RateBalancer:
             view.pending[deployment_id] = sample.copy()
         else:
             aggregate.merge(sample)
-        # Judged against what the load fit expects at the load this request met, where it can say: a
-        # deployment with few slots is slow when piled onto, without having changed.
-        expected = self._expected_at(view, deployment_id, load) if ok and self._change_sigma > 0 else None
-        if ok and self._change_sigma > 0 and self._surprising(view, deployment_id, rate, expected):
+        if ok and self._change_sigma > 0 and self._surprising(view, deployment_id, rate):
             self._changed(view, deployment_id, now, now - latency)
-        after_change = view.post_change.get(deployment_id)
-        if after_change is not None and after_change[0] == int((now + view.offset) * 1000) // self._bucket_ms:
-            after_change[1].merge(sample)
         # The local view sees its own sample at once (the shared one at the next sync): a deployment has
         # samples as soon as one of its requests finished here, and a failure counts from this moment.
         self._add_local(view, deployment_id, sample)
@@ -601,9 +581,7 @@ class RateBalancer:
         forgotten = self._clock() - self._max_in_flight_age
         for queue in view.in_flight.values():
             queue.forget_before(forgotten)
-        for deployment_id in [d for d, (index, _) in view.post_change.items() if index < oldest]:
-            del view.post_change[deployment_id]
-        view.derived = derived = self._derive(view.buckets, snapshot.now_ms, view.cutoff_ms, view.post_change)
+        view.derived = derived = self._derive(view.buckets, snapshot.now_ms, view.cutoff_ms)
         for deployment_id, bound in list(view.change_evidence.items()):
             if deployment_id in derived.window_full:
                 del view.change_evidence[deployment_id]  # a real sample from after the change
@@ -655,14 +633,11 @@ class RateBalancer:
         buckets: Mapping[int, Mapping[str, RateAggregate]],
         now_ms: int,
         cutoff_ms: Mapping[str, float] | None = None,
-        post_change: Mapping[str, tuple[int, RateAggregate]] | None = None,
     ) -> _Derived:
         """Window, recent and usage aggregates per deployment as of store time ``now_ms``.
 
         A bucket belongs to a window of length W when it ends after ``now - W``. In the window a bucket's
-        samples count ``recency_weight(age of its middle)``; usage (for tpm / rpm) counts them fully. A
-        deployment's buckets up to its ``cutoff_ms`` (a detected change) are left out of the window; the one
-        the cutoff falls in is replaced by the ``post_change`` samples of that bucket.
+        samples count ``recency_weight(age of its middle)``; usage (for tpm / rpm) counts them fully.
         """
         derived = _Derived()
         derived.now_ms = now_ms
@@ -686,20 +661,16 @@ class RateBalancer:
                 decay = 0.5 ** (age_ms / half_life_ms)
             weight = recency_weight(age_ms, sample_half_life_ms)
             for deployment_id, agg in buckets[index].items():
-                windowed: RateAggregate | None = agg if in_window else None
-                cutoff = cutoff_ms.get(deployment_id, -1.0) if in_window and cutoff_ms else -1.0
-                if end <= cutoff:
-                    windowed = None  # from before a detected change of this deployment
-                elif end - width < cutoff:
-                    # The bucket the change fell in: only what this replica saw after the change.
-                    after = post_change.get(deployment_id) if post_change else None
-                    windowed = after[1] if after is not None and after[0] == index and after[1].count else None
-                if windowed is not None:
-                    _add_to(derived.window_full, deployment_id, windowed, weight)
+                if in_window and cutoff_ms and end <= cutoff_ms.get(deployment_id, -1.0):
+                    in_window_here = False  # from before a detected change of this deployment
+                else:
+                    in_window_here = in_window
+                if in_window_here:
+                    _add_to(derived.window_full, deployment_id, agg, weight)
                     if adaptive:
                         chosen = derived.window.get(deployment_id)
                         if chosen is None or chosen.count < min_samples:
-                            _add_to(derived.window, deployment_id, windowed, weight)
+                            _add_to(derived.window, deployment_id, agg, weight)
                 if in_recent:
                     _add_to(derived.recent, deployment_id, agg)
                     attempts, failures = derived.failure_weights.get(deployment_id, (0.0, 0.0))
@@ -798,15 +769,8 @@ class RateBalancer:
                     shift = fit.shift(busy + 1.0, states[i].window.mean)
                     spread = fit.spread()
                     slots = fit.slots()
-                    if slots is None:
-                        # Capacity unknown: never seen slowed down by load, but never seen busier than this
-                        # either. Like a slow start, it gets at most twice that (and two more) until it has
-                        # served them at full speed, so a pile-up is found before it is a queue.
-                        proven = fit.busiest_load
-                        if proven is not None:
-                            slots = max(_UNPROVEN_GROWTH * proven, proven + 2.0)
                     if slots is not None:
-                        # Scale the share down as the (learnt or allowed) slots fill up (to 0 when full).
+                        # Seen saturated: scale the share down as its learnt slots fill up (to 0 when full).
                         slots_left = headroom_multiplier(max(slots - busy, 0.0) / slots, _SLOTS_HEADROOM)
             stalled = 0
             overdue: RateAggregate | None = None
@@ -828,11 +792,8 @@ class RateBalancer:
                         if age <= latency or len(ages) >= _MAX_OVERDUE_SAMPLES:
                             break
                         ages.append(age)
-                    # Measured from what the load fit expects at the load now: a pile-up on a deployment with
-                    # few slots makes its requests overdue without any change to it.
-                    at_load = self._expected_at(view, c.id, float(len(queue)))
                     evidence = (
-                        self._slowdown_evidence(view, c.id, [work / age for age in ages[:_JOINT_EVIDENCE]], at_load)
+                        self._slowdown_evidence(view, c.id, [work / age for age in ages[:_JOINT_EVIDENCE]])
                         if detect and self._change_sigma > 0
                         else None
                     )
@@ -918,23 +879,13 @@ class RateBalancer:
         return headroom_multiplier(min(fractions), headroom) if fractions else 1.0
 
     # -- change detection -----------------------------------------------------------------------------
-    def _expected_at(self, view: _GroupView, deployment_id: str, load: float) -> float | None:
-        """The rate the load fit expects at ``load`` (None: no fit, or it cannot say)."""
-        if not self.settings.load_aware:
-            return None
-        fit = view.loads.get(deployment_id)
-        return fit.expected_rate(load) if fit is not None else None
-
-    def _surprising(self, view: _GroupView, deployment_id: str, rate: float, expected: float | None = None) -> bool:
+    def _surprising(self, view: _GroupView, deployment_id: str, rate: float) -> bool:
         """Whether a rate (finished, or the bound of a request in flight) is far outside the deployment's
-        recency-weighted window: ``change_detection_sigma`` spreads (see :func:`_change_scale`), measured from
-        ``expected`` (the load fit's rate at the load the request met) when given."""
-        scale = _change_scale(view, deployment_id, expected)
+        recency-weighted window: ``change_detection_sigma`` spreads (see :func:`_change_scale`)."""
+        scale = _change_scale(view, deployment_id)
         return scale is not None and abs(rate - scale[0]) > self._change_sigma * scale[1]
 
-    def _slowdown_evidence(
-        self, view: _GroupView, deployment_id: str, bounds: Sequence[float], expected: float | None = None
-    ) -> float | None:
+    def _slowdown_evidence(self, view: _GroupView, deployment_id: str, bounds: Sequence[float]) -> float | None:
         """The mean of the ``m`` smallest rate bounds of overdue requests (``bounds``: ascending) when, for
         some ``m``, it lies ``change_detection_sigma`` standard errors (``spread / sqrt(m)``, see
         :func:`_change_scale`) below the deployment's window mean; else ``None``.
@@ -944,13 +895,10 @@ class RateBalancer:
         requests in flight when its first answer is still due, so this can see the change once they are
         ``sigma / sqrt(m)`` spreads slow instead of ``sigma``. The bounds are upper
         bounds (the most each request can still achieve), so their mean errs on the side of no change."""
-        scale = _change_scale(view, deployment_id, expected) if bounds else None
+        scale = _change_scale(view, deployment_id) if bounds else None
         if scale is None:
             return None
         mean, spread = scale
-        # A bound assumes the typical work, and requests' work (prompt and output sizes) varies where their
-        # rate per token does not: the bounds scatter more than the samples.
-        spread = max(spread, _BOUND_SPREAD_FLOOR * mean)
         total = 0.0
         for m, bound in enumerate(bounds, start=1):
             total += bound
@@ -969,8 +917,7 @@ class RateBalancer:
         if last is not None and now - last < self._change_cooldown:
             return False
         view.changed[deployment_id] = now
-        cutoff = view.cutoff_ms[deployment_id] = (since + view.offset) * 1000.0
-        view.post_change[deployment_id] = (int(cutoff) // self._bucket_ms, RateAggregate())
+        view.cutoff_ms[deployment_id] = (since + view.offset) * 1000.0
         derived = view.derived
         for target in (derived.window_full, derived.window):
             target.pop(deployment_id, None)
@@ -1102,33 +1049,16 @@ def _smooth_pick(credits: dict[str, float], candidates: Sequence[Candidate], sha
     return best
 
 
-def _change_scale(view: _GroupView, deployment_id: str, expected: float | None = None) -> tuple[float, float] | None:
-    """(centre, spread) a change is measured against: the deployment's recency-weighted window mean and its
-    standard deviation (at least 10 % of the centre, 25 % with fewer than 3 samples); ``None`` with too few
-    successful samples to say.
-
-    With ``expected`` (the load fit's rate at the load in question) that is the centre, and the spread is the
-    fit's own (what is left once load is known) where it has one."""
+def _change_scale(view: _GroupView, deployment_id: str) -> tuple[float, float] | None:
+    """(mean, spread) a change is measured against: the deployment's recency-weighted window mean and its
+    standard deviation (at least 10 % of the mean); ``None`` with too few successful samples to say."""
     window = view.derived.window_full.get(deployment_id)
-    if window is None:
-        return None
-    successes = window.count - window.failures
-    if successes < _FEW_SAMPLES_FOR_CHANGE:
+    if window is None or window.count - window.failures < _CHANGE_MIN_SAMPLES:
         return None
     mean = window.mean_ok_rate
     if mean is None:
         return None
-    # Few samples say little about the spread: a wide floor, so that only a change of several times the
-    # rate (the one that matters for a deployment that gets little traffic) is taken for one.
-    floor = 0.1 if successes >= _CHANGE_MIN_SAMPLES else _FEW_SAMPLES_SPREAD
-    spread = window.std
-    if expected is not None:
-        mean = expected
-        fit = view.loads.get(deployment_id)
-        fit_spread = fit.spread() if fit is not None else None
-        if fit_spread is not None:
-            spread = fit_spread
-    return mean, max(spread, floor * mean)
+    return mean, max(window.std, 0.1 * mean)
 
 
 def _add_to(target: dict[str, RateAggregate], deployment_id: str, agg: RateAggregate, weight: float = 1.0) -> None:

@@ -89,12 +89,10 @@ class RoutingSettings(SettingsModel):
     load_aware: bool = True
     """Fit each deployment's rate against its load (this replica's requests in flight) and correct the
     estimate at the current load (:class:`~litellm_ratebalance.routing.estimator.LoadFit`): a deployment
-    with few slots is not piled onto, and one whose capacity is still unknown gets at most twice the load it
-    was seen serving (a slow start). Only a clearly falling rate counts as saturation."""
+    with few slots is not piled onto. Only a clearly falling rate counts."""
     change_detection_sigma: Annotated[float, Field(ge=0.0, le=100.0)] = 3.0
     """A deployment whose new sample (or oldest request in flight, as a rate bound) is this many standard
-    deviations (at least 10 % of the mean, 25 % under 3 samples; from the load fit's rate at that load when
-    ``load_aware``) away from its recency-weighted window has changed: its older
+    deviations (at least 10 % of the mean) away from its recency-weighted window has changed: its older
     samples are dropped and every other deployment gets one request to be re-measured. At most once per
     half-life per deployment. 0 disables it."""
     adaptive_window: bool = False

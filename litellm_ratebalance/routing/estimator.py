@@ -505,10 +505,9 @@ def compute_shares(
     ]
     total = sum(shares)
     if total <= 0.0:
-        # Every candidate is at its rate limit or its concurrency bound: no capacity left to tell them
-        # apart, so the rate preference alone decides (and the providers answer for their limits).
-        shares = [(1.0 - exploration_share) * w / sum(weights) + explore for w in weights]
-        total = sum(shares)
+        # Every candidate is at its rate limit: spread evenly and let the providers answer.
+        shares = [1.0] * n
+        total = float(n)
     return Shares(tuple(s / total for s in shares), mode, sla, tuple(probabilities))
 
 
@@ -520,86 +519,64 @@ def recency_weight(age_seconds: float, half_life_seconds: float) -> float:
 
 
 SATURATION_EVIDENCE = 0.8
-"""A load level is slowed down when its mean rate is below this share of the reference (unloaded) rate."""
-SATURATION_WEIGHT = 2.0
-"""Samples (recency-weighted) at slowed-down levels before a deployment counts as seen saturated."""
+"""A deployment counts as seen saturated when its peak throughput is below this share of what its busiest
+load would give at the unloaded rate."""
 
 
 class LoadFit:
     """How a deployment's rate depends on its load (requests in flight there), from its successful samples.
 
     Each sample adds ``(load, rate)``, ``load`` = the requests in flight at the deployment during the
-    request, itself included (the mean of what it met and what it left). Samples are kept per load level
-    (the load rounded, 1 to :data:`LEVELS`), recency-weighted (times are explicit, no clock; they fade with
-    ``half_life_seconds``); a level counts while its weight is at least :data:`MIN_LEVEL_WEIGHT`. From the
-    levels that count:
+    request, itself included (the mean of what it met and what it left). Two recency-weighted figures
+    (times are explicit, no clock; they fade with ``half_life_seconds``):
 
-    * the **reference rate**, the mean rate of the samples at a load of at most :data:`UNLOADED_LOAD` or,
-      when it was never that idle lately, at its lowest level (then a lower bound of the unloaded rate: a
-      deployment that was piled onto from its first request is still judged by how it served that pile);
-    * the **peak throughput**, the highest level's mean of ``load x rate``: a deployment with ``c`` slots at
-      ``r`` tokens/s each peaks at about ``c x r``, so at a load above ``c`` each request gets about
-      ``peak / load``.
+    * the **peak throughput** ``max(load x rate)``: a deployment with ``c`` slots at ``r`` tokens/s each peaks
+      at about ``c x r``, so at a load above ``c`` each request gets about ``peak / load``;
+    * the **unloaded rate**, the mean rate of the samples taken at a load of at most :data:`UNLOADED_LOAD`.
 
-    It counts as **saturated** once levels busier than the reference ones have mean rates below
-    :data:`SATURATION_EVIDENCE` of the reference, with :data:`SATURATION_WEIGHT` samples among them (it was
-    slowed down by load, not by one unlucky request). :meth:`expected_rate` is then the smaller
-    of the reference rate and ``peak / load``; before, the reference rate at low loads and unknown above.
-    So a deployment with few slots is not piled onto, gets its full rate back in the estimate when it is
-    idle, and one with many slots is not held back once it has been seen busy. Per-level means, not single
-    samples, make the peak: one lucky fast request under load does not inflate it.
+    :meth:`expected_rate` at a load is the smaller of the two; :meth:`shift` is how far it is from the
+    deployment's window mean. So a deployment with few slots is not piled onto, gets its full rate back in
+    the estimate when it is idle, and one with many slots is not held back once it has been seen busy. At a
+    load above any seen so far the prediction is mildly pessimistic (``seen / (seen + 1)``), which the next
+    sample at that load corrects.
     """
 
     __slots__ = (
         "_derived",
-        "_load_rate_sums",
-        "_rate_sums",
-        "_weights",
         "last",
+        "max_load",
+        "peak",
         "residual_sq_sum",
         "residual_weight",
         "samples",
+        "unloaded_sum",
+        "unloaded_weight",
     )
 
     MIN_SAMPLES = 3
     """Samples before the fit says anything."""
     UNLOADED_LOAD = 2.0
-    LEVELS = 32
-    """Load levels kept; a busier sample counts at the top level (with its own load in the peak)."""
-    MIN_LEVEL_WEIGHT = 0.5
-    """Recency weight below which a level no longer counts (about one sample a half-life ago)."""
 
     def __init__(self) -> None:
+        self.peak = 0.0
         self.samples = 0
-        self._weights = [0.0] * self.LEVELS
-        self._rate_sums = [0.0] * self.LEVELS
-        self._load_rate_sums = [0.0] * self.LEVELS
+        self.unloaded_sum = 0.0
+        self.unloaded_weight = 0.0
         self.residual_sq_sum = 0.0
         self.residual_weight = 0.0
+        self.max_load = 0.0
         self.last = float("-inf")
-        # (reference rate, peak, slots, busiest load), refreshed at each sample (read at every decision).
-        self._derived: tuple[float | None, float, float | None, float | None] = (None, 0.0, None, None)
-
-    @property
-    def peak(self) -> float:
-        """Peak throughput (tokens/s over all requests in flight) of the levels that count; 0 when none."""
-        return self._derived[1]
-
-    @property
-    def reference_rate(self) -> float | None:
-        """The reference (unloaded, or least loaded seen) rate; None while too few samples."""
-        return self._derived[0]
+        self._derived: tuple[float | None, float | None] = (None, None)
 
     def add(self, now: float, load: float, rate: float, half_life_seconds: float) -> None:
         if half_life_seconds > 0.0 and self.samples and now > self.last:
             factor = 0.5 ** ((now - self.last) / half_life_seconds)
-            for level in range(self.LEVELS):
-                if self._weights[level]:
-                    self._weights[level] *= factor
-                    self._rate_sums[level] *= factor
-                    self._load_rate_sums[level] *= factor
+            self.peak *= factor
+            self.unloaded_sum *= factor
+            self.unloaded_weight *= factor
             self.residual_sq_sum *= factor
             self.residual_weight *= factor
+            self.max_load *= factor
         predicted = self.expected_rate(load)
         if predicted is not None:
             # How far samples fall from the prediction at their own load: the spread left once load is known.
@@ -607,69 +584,48 @@ class LoadFit:
             self.residual_weight += 1.0
         self.last = max(self.last, now)
         self.samples += 1
-        level = min(max(int(load + 0.5), 1), self.LEVELS) - 1
-        self._weights[level] += 1.0
-        self._rate_sums[level] += rate
-        self._load_rate_sums[level] += max(load, 1.0) * rate
-        self._derived = self._derive()
-
-    @property
-    def busiest_load(self) -> float | None:
-        """Mean load of the busiest level that counts (None: none), known from the first sample on."""
-        return self._derived[3]
-
-    def _derive(self) -> tuple[float | None, float, float | None, float | None]:
-        busiest: float | None = None
-        for level in range(self.LEVELS - 1, -1, -1):
-            if self._weights[level] >= self.MIN_LEVEL_WEIGHT and self._rate_sums[level] > 0.0:
-                busiest = self._load_rate_sums[level] / self._rate_sums[level]
-                break
-        if self.samples < self.MIN_SAMPLES or busiest is None:
-            return None, 0.0, None, busiest
-        ref_weight = ref_sum = peak = 0.0
-        counting: list[int] = []
-        reference_top = -1
-        for level in range(self.LEVELS):
-            weight = self._weights[level]
-            if weight < self.MIN_LEVEL_WEIGHT:
-                continue
-            counting.append(level)
-            if level + 1 <= self.UNLOADED_LOAD or ref_weight == 0.0:
-                ref_weight += weight
-                ref_sum += self._rate_sums[level]
-                reference_top = level
-            peak = max(peak, self._load_rate_sums[level] / weight)
-        if ref_weight == 0.0:
-            return None, 0.0, None, busiest
-        reference = ref_sum / ref_weight
-        # Slowed down by load: busier levels whose mean rate is clearly below the reference, holding together
-        # at least SATURATION_WEIGHT samples (one slow sample under jitter is not a capacity).
-        slow_weight = sum(
-            self._weights[level]
-            for level in counting
-            if level > reference_top and self._rate_sums[level] < SATURATION_EVIDENCE * reference * self._weights[level]
-        )
-        saturated = reference > 0.0 and slow_weight >= SATURATION_WEIGHT
-        return reference, peak, (peak / reference if saturated else None), busiest
+        self.peak = max(self.peak, load * rate)
+        self.max_load = max(self.max_load, load)
+        if load <= self.UNLOADED_LOAD:
+            self.unloaded_sum += rate
+            self.unloaded_weight += 1.0
+        self._derived = (self._slots(), self._spread())
 
     def expected_rate(self, load: float) -> float | None:
-        """Rate one request is expected to get at ``load`` requests in flight (None: unknown): the reference
+        """Rate one request is expected to get at ``load`` requests in flight (None: unknown): the unloaded
         rate at a load of at most :data:`UNLOADED_LOAD`, capped by ``peak / load`` once the deployment has
         been seen saturated (before that, a higher load says nothing either way)."""
-        reference, peak, slots, _ = self._derived
-        if reference is None or load <= 0:
+        if self.samples < self.MIN_SAMPLES or load <= 0 or self.unloaded_weight <= 0.5:
             return None
-        if slots is None:
-            return reference if load <= self.UNLOADED_LOAD else None
-        return min(reference, peak / load)
+        saturated = self._derived[0] is not None
+        if not saturated and load > self.UNLOADED_LOAD:
+            return None  # busy, never seen slowed down by it: the window's own mean says most
+        expected = self.unloaded_sum / self.unloaded_weight
+        if saturated:
+            expected = min(expected, self.peak / load)
+        return expected
 
     def slots(self) -> float | None:
-        """Requests the deployment serves at full speed, ``peak / reference rate``, once it has been seen
-        saturated; None while every load seen was served at about full speed (its capacity is then unknown,
-        not small)."""
-        return self._derived[2]
+        """:meth:`_slots` as of the last sample (kept: it is read at every decision)."""
+        return self._derived[0]
 
     def spread(self) -> float | None:
+        """:meth:`_spread` as of the last sample."""
+        return self._derived[1]
+
+    def _slots(self) -> float | None:
+        """Requests the deployment serves at full speed, ``peak / unloaded rate``, once it has been seen
+        saturated (busier than that, and slower for it); None while every load seen was served at about
+        full speed (its capacity is then unknown, not small)."""
+        if self.samples < self.MIN_SAMPLES or self.unloaded_weight <= 0.5:
+            return None
+        unloaded = self.unloaded_sum / self.unloaded_weight
+        if unloaded <= 0.0:
+            return None
+        slots = self.peak / unloaded
+        return slots if slots < SATURATION_EVIDENCE * self.max_load else None
+
+    def _spread(self) -> float | None:
         """Root mean square distance of the samples from the prediction at their load (None: too few)."""
         if self.residual_weight < self.MIN_SAMPLES:
             return None

@@ -96,8 +96,8 @@ async def test_a_deployment_with_only_overdue_requests_ends_the_bootstrap() -> N
 def test_load_fit_peak_and_unloaded_rate() -> None:
     fit = LoadFit()
     assert fit.expected_rate(1.0) is None
-    # Two slots at 200 tok/s: alone or in pairs 200 each, at load 4 half of it, at 5 two fifths.
-    for t, (load, rate) in enumerate([(1, 200.0), (2, 200.0), (4, 100.0), (2, 195.0), (5, 80.0)]):
+    # Two slots at 200 tok/s: alone or in pairs 200 each, at load 4 half of it.
+    for t, (load, rate) in enumerate([(1, 200.0), (2, 200.0), (4, 100.0), (2, 195.0)]):
         fit.add(float(t), float(load), rate, half_life_seconds=0.0)
     assert fit.expected_rate(1.0) == pytest.approx(198.33, rel=1e-3)  # the unloaded mean, not peak / 1
     assert fit.expected_rate(5.0) == pytest.approx(80.0)  # peak 400 over 5 requests
@@ -105,27 +105,13 @@ def test_load_fit_peak_and_unloaded_rate() -> None:
     assert fit.shift(1.0, mean_rate=150.0) == pytest.approx(48.33, rel=1e-3)
 
 
-def test_load_fit_levels_fade_out_with_their_half_life() -> None:
+def test_load_fit_peak_fades_with_its_half_life() -> None:
     fit = LoadFit()
     for t in range(3):
         fit.add(float(t), 4.0, 100.0, half_life_seconds=10.0)
-    assert fit.peak == pytest.approx(400.0) and fit.busiest_load == pytest.approx(4.0)
-    # Three samples at load 4 weigh < 0.5 four half-lives later: only the fresh samples at load 1 count.
-    for t in (40.0, 41.0, 42.0):
-        fit.add(t, 1.0, 150.0, half_life_seconds=10.0)
-    assert fit.peak == pytest.approx(150.0) and fit.busiest_load == pytest.approx(1.0)
-    assert fit.reference_rate == pytest.approx(150.0)
-
-
-def test_load_fit_without_an_idle_sample_judges_by_its_least_loaded_level() -> None:
-    fit = LoadFit()
-    # Piled onto from the start: 2 slots at 220 tok/s shared by 6..10 requests, never seen idle.
-    for t, load in enumerate([6.0, 8.0, 10.0, 6.0]):
-        fit.add(float(t), load, 440.0 / load, half_life_seconds=0.0)
-    assert fit.reference_rate == pytest.approx(440.0 / 6.0)  # a lower bound of its unloaded rate
-    assert fit.slots() is not None  # 10 requests got 44 each: far below 10 x 73
-    assert fit.expected_rate(11.0) == pytest.approx(40.0)  # the pile-up is seen as such
-    assert fit.expected_rate(1.0) == pytest.approx(440.0 / 6.0)
+    peak = fit.peak
+    fit.add(12.0, 1.0, 10.0, half_life_seconds=10.0)
+    assert fit.peak == pytest.approx(peak * 0.5)
 
 
 async def test_load_aware_shares_move_away_from_a_busy_deployment_with_few_slots() -> None:
@@ -207,15 +193,6 @@ async def test_routing_status_reads_the_store_alone() -> None:
     assert {r.deployment_id: r.share for r in two} == pytest.approx(live)
 
 
-def test_one_slow_sample_under_load_is_not_a_capacity() -> None:
-    fit = LoadFit()
-    for t, (load, rate) in enumerate([(1.0, 150.0), (1.0, 140.0), (2.0, 160.0), (3.0, 100.0)]):
-        fit.add(float(t), load, rate, half_life_seconds=0.0)  # 12 slots, one unlucky request at load 3
-    assert fit.slots() is None
-    fit.add(4.0, 4.0, 90.0, half_life_seconds=0.0)  # a second one, busier still: slowed down by load
-    assert fit.slots() is not None
-
-
 def test_load_fit_learns_slots_only_once_saturated() -> None:
     fit = LoadFit()
     for t, load in enumerate([1.0, 2.0, 1.0, 3.0]):  # 12 slots, never busy enough to slow down
@@ -277,75 +254,7 @@ async def test_several_late_requests_together_reveal_a_slowdown_that_one_does_no
     await balancer.refresh(G)
     for _ in range(in_flight):
         balancer.choose(G, (Candidate("a"),))
-    # Each is now a sample of at most 40 tok/s, 60 below the mean: against the bounds' spread floor (35 % of the
-    # mean, as requests' work varies) 1.7 spreads low alone, 3.4 standard errors as 4.
-    clock.advance(2.5)
+    clock.advance(1.6)  # each is now a sample of at most 62.5 tok/s: 2.3 spreads low alone, 4.6 standard errors as 4
     balancer.choose(G, AB)  # decisions run the detection
     assert ("a" in balancer._views[G].changed) is changed
     assert (balancer.estimates(G, AB)["a"].samples < 4) is changed  # a change forgets the samples before it
-
-
-async def test_samples_of_the_bucket_a_change_fell_in_come_back_only_from_after_it() -> None:
-    balancer, clock = make_balancer(change_detection_sigma=3.0, bucket_seconds=10)
-    abc = candidates("a", "b", "c")
-    feed(balancer, G, "b", [60.0, 65.0, 55.0, 60.0])
-    feed(balancer, G, "c", [30.0, 32.0, 28.0, 30.0])
-    clock.advance(5.0)  # the 10 s bucket from T0 holds a's fast samples and, next, its slow one
-    feed(balancer, G, "a", [150.0, 140.0, 160.0, 150.0], latency=0.1)
-    await balancer.refresh(G)
-    balancer.record(G, "a", latency=1.0, output_tokens=20)  # the change: 20 tok/s
-    clock.advance(1.0)
-    balancer.record(G, "a", latency=1.0, output_tokens=24)  # after it, same bucket
-    await balancer.refresh(G)  # the store's bucket mixes 150s and 20s; the view keeps only the latter
-    estimate = balancer.estimates(G, abc)["a"]
-    assert estimate.samples == 2 and estimate.mean_rate == pytest.approx(22.0)
-
-
-async def test_a_rarely_used_deployment_that_sped_up_several_fold_is_seen_changed() -> None:
-    balancer, _ = make_balancer(change_detection_sigma=3.0)
-    feed(balancer, G, "a", [150.0, 140.0, 160.0, 150.0])
-    feed(balancer, G, "b", [30.0, 32.0])  # two samples: its own spread says nothing yet
-    feed(balancer, G, "c", [30.0, 32.0])
-    await balancer.refresh(G)
-    balancer.record(G, "c", latency=1.0, output_tokens=50)  # +61 %: within the wide few-samples floor
-    assert "c" not in balancer._views[G].changed
-    balancer.record(G, "b", latency=1.0, output_tokens=150)  # 5x
-    assert "b" in balancer._views[G].changed
-    assert balancer.estimates(G, AB)["b"].mean_rate == pytest.approx(150.0)
-
-
-async def test_a_pile_up_the_load_fit_explains_is_not_a_change() -> None:
-    balancer, clock = make_balancer(change_detection_sigma=3.0, load_aware=True)
-    view = balancer._view(G)
-    fit = view.loads["a"] = LoadFit()  # 2 slots at 200 tok/s
-    for load, rate in [(1.0, 200.0), (2.0, 195.0), (1.0, 205.0), (4.0, 100.0), (6.0, 66.0)]:
-        fit.add(clock.now, load, rate, 0.0)
-    feed(balancer, G, "a", [200.0, 195.0, 205.0, 200.0])
-    feed(balancer, G, "b", [60.0, 65.0, 55.0, 60.0])
-    await balancer.refresh(G)
-    for _ in range(8):
-        balancer.choose(G, (Candidate("a"),))  # 8 in flight
-    # The first one met 1 request and leaves 8: load 4.5, where the fit expects peak 400 / 4.5 = 89 tok/s.
-    balancer.record(G, "a", latency=1.0, output_tokens=80)  # far below the window's 200, as expected
-    assert "a" not in view.changed
-    balancer.record(G, "a", latency=1.0, output_tokens=5)  # far below even that
-    assert "a" in view.changed
-
-
-async def test_a_deployment_of_unknown_capacity_is_not_loaded_beyond_twice_its_busiest() -> None:
-    balancer, clock = make_balancer(load_aware=True, stall_latency_factor=0.0)
-    view = balancer._view(G)
-    for deployment in ("a", "b"):
-        fit = view.loads[deployment] = LoadFit()
-        for load in (1.0, 2.0, 1.0, 2.0):  # served 2 at a time at full speed: capacity unknown
-            fit.add(clock.now, load, 150.0 if deployment == "a" else 100.0, 0.0)
-        assert fit.slots() is None and fit.busiest_load == pytest.approx(2.0)
-    feed(balancer, G, "a", [150.0, 140.0, 160.0, 150.0])
-    feed(balancer, G, "b", [100.0, 95.0, 105.0, 100.0])
-    await balancer.refresh(G)
-    shares = []
-    for _ in range(4):
-        balancer.choose(G, (Candidate("a"),))
-        shares.append(balancer.weights(G, AB)["a"])
-    # Full share up to 2 in flight (half of the 4 allowed), then down to none at 4.
-    assert shares[0] == shares[1] > 0.7 and shares[2] < shares[1] and shares[3] < 0.01, shares
