@@ -198,7 +198,10 @@ async def test_a_burst_beyond_the_default_pool_size_is_still_exact(redis_cluster
     get_client, client = litellm_cluster_client(redis_cluster)
     try:
         await client.initialize()  # only the pool size is under test here
-        limiter_ = limiter.make_limiter(RedisStore(get_client, KeySpace("rbcluster")), limiter.make_router(rpm=50))
+        # Exactness is under test, not speed: a generous timeout, so that a busy machine (the whole suite on
+        # 2 cores) waiting > 0.5 s for a connection does not fail the burst open.
+        store = RedisStore(get_client, KeySpace("rbcluster"), timeout_seconds=10.0)
+        limiter_ = limiter.make_limiter(store, limiter.make_router(rpm=50))
         results = await asyncio.gather(*(limiter.call(limiter_, limiter.request(), limiter.auth()) for _ in range(150)))
         assert sum(refused is None for refused in results) == 50
     finally:
