@@ -48,7 +48,9 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore | R
         return
     server: RedisServer = request.getfixturevalue("redis_server")
     client = await fresh_redis_client(server)
-    yield RedisStore(client, keys)
+    # The suite checks behaviour (exact counts under concurrent bursts), not latency: a generous timeout, so
+    # that a loaded CI machine waiting over the default 0.5 s for a connection does not fail a burst.
+    yield RedisStore(client, keys, timeout_seconds=10.0)
     await client.aclose()  # type: ignore[attr-defined]
 
 

@@ -101,7 +101,7 @@ async def test_priorities_and_token_reconciliation_on_the_cluster(cluster_client
         "priority_reservation_settings": {"saturation_threshold": 0.5},
         "ratebalance": {"limiter": {"token_rate_limit_type": "output"}},
     }
-    store = RedisStore(cluster_client, KeySpace("rbcluster"))
+    store = RedisStore(cluster_client, KeySpace("rbcluster"), timeout_seconds=10.0)
     limiter_ = limiter.make_limiter(store, limiter.make_router(rpm=10, tpm=1000), settings)
     # Lenient until 5 of 10 requests; then dev is capped at its share (2), prod at 8.
     dev = [await limiter.call(limiter_, limiter.request(max_tokens=50), limiter.auth("dev")) for _ in range(7)]
@@ -132,7 +132,9 @@ async def test_two_contract_callbacks_get_exact_modes(redis_cluster: RedisCluste
     clients = await replica_clients(redis_cluster)
     try:
         keys = KeySpace("rbcluster")
-        callbacks = [contracts.make_callback(RedisStore(client, keys), settings) for client in clients]
+        callbacks = [
+            contracts.make_callback(RedisStore(client, keys, timeout_seconds=10.0), settings) for client in clients
+        ]
         datas = [contracts.request() for _ in range(100)]
         results = await asyncio.gather(
             *(contracts.call(callbacks[i % 2], data, contracts.auth("smart-window")) for i, data in enumerate(datas))
@@ -174,7 +176,9 @@ async def test_contract_rejections_hold_exactly_across_replicas(redis_cluster: R
     clients = await replica_clients(redis_cluster)
     try:
         keys = KeySpace("rbcluster")
-        callbacks = [contracts.make_callback(RedisStore(client, keys), settings) for client in clients]
+        callbacks = [
+            contracts.make_callback(RedisStore(client, keys, timeout_seconds=10.0), settings) for client in clients
+        ]
         results = await asyncio.gather(
             *(contracts.call(callbacks[i % 2], contracts.request(), contracts.auth("s2s")) for i in range(50))
         )

@@ -43,7 +43,9 @@ async def _two_instances(redis_client: Any, url: str, contracts: dict[str, Any])
     """Two callbacks, each with its own RedisStore and connection pool, on the same server."""
     other = _client(url)
     keys = KeySpace("rbconc")
-    callbacks = [make_callback(RedisStore(client, keys), contracts) for client in (redis_client, other)]
+    callbacks = [
+        make_callback(RedisStore(client, keys, timeout_seconds=10.0), contracts) for client in (redis_client, other)
+    ]
     return other, callbacks
 
 
