@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore
-from tests.servers import RedisServer
+from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -48,9 +48,8 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore | R
         return
     server: RedisServer = request.getfixturevalue("redis_server")
     client = await fresh_redis_client(server)
-    # The suite checks behaviour (exact counts under concurrent bursts), not latency: a generous timeout, so
-    # that a loaded CI machine waiting over the default 0.5 s for a connection does not fail a burst.
-    yield RedisStore(client, keys, timeout_seconds=10.0)
+    # The suite checks behaviour (exact counts under concurrent bursts), not latency.
+    yield RedisStore(client, keys, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
     await client.aclose()  # type: ignore[attr-defined]
 
 

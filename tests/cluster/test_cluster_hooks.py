@@ -18,6 +18,7 @@ from litellm_ratebalance.store import KeySpace, RedisStore
 from tests.cluster.cluster import RedisClusterNodes, cluster_key_count, cluster_keys, fresh_cluster_client
 from tests.integration import contracts_support as contracts
 from tests.integration import limiter_support as limiter
+from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS
 
 pytestmark = [pytest.mark.cluster, pytest.mark.redis]
 
@@ -69,7 +70,7 @@ async def test_two_limiters_admit_exactly_rpm_in_every_model_group(redis_cluster
         # A generous per-call timeout: 240 calls at once on a shared 2-core machine can queue for a pooled
         # connection past the default 0.5 s, and a timed-out call fails open (uncounted) by design; this test
         # is about exact counting across masters, not about the timeout.
-        stores = [RedisStore(client, keys, timeout_seconds=10.0) for client in clients]
+        stores = [RedisStore(client, keys, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS) for client in clients]
         limiters = [limiter.make_limiter(store, router) for store in stores]
         # 40 concurrent requests per group, 240 in all, alternating between the two replicas.
         jobs = [(group, index) for group in GROUPS for index in range(40)]
@@ -101,7 +102,7 @@ async def test_priorities_and_token_reconciliation_on_the_cluster(cluster_client
         "priority_reservation_settings": {"saturation_threshold": 0.5},
         "ratebalance": {"limiter": {"token_rate_limit_type": "output"}},
     }
-    store = RedisStore(cluster_client, KeySpace("rbcluster"), timeout_seconds=10.0)
+    store = RedisStore(cluster_client, KeySpace("rbcluster"))
     limiter_ = limiter.make_limiter(store, limiter.make_router(rpm=10, tpm=1000), settings)
     # Lenient until 5 of 10 requests; then dev is capped at its share (2), prod at 8.
     dev = [await limiter.call(limiter_, limiter.request(max_tokens=50), limiter.auth("dev")) for _ in range(7)]
@@ -133,7 +134,8 @@ async def test_two_contract_callbacks_get_exact_modes(redis_cluster: RedisCluste
     try:
         keys = KeySpace("rbcluster")
         callbacks = [
-            contracts.make_callback(RedisStore(client, keys, timeout_seconds=10.0), settings) for client in clients
+            contracts.make_callback(RedisStore(client, keys, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS), settings)
+            for client in clients
         ]
         datas = [contracts.request() for _ in range(100)]
         results = await asyncio.gather(
@@ -177,7 +179,8 @@ async def test_contract_rejections_hold_exactly_across_replicas(redis_cluster: R
     try:
         keys = KeySpace("rbcluster")
         callbacks = [
-            contracts.make_callback(RedisStore(client, keys, timeout_seconds=10.0), settings) for client in clients
+            contracts.make_callback(RedisStore(client, keys, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS), settings)
+            for client in clients
         ]
         results = await asyncio.gather(
             *(contracts.call(callbacks[i % 2], contracts.request(), contracts.auth("s2s")) for i in range(50))
@@ -202,9 +205,7 @@ async def test_a_burst_beyond_the_default_pool_size_is_still_exact(redis_cluster
     get_client, client = litellm_cluster_client(redis_cluster)
     try:
         await client.initialize()  # only the pool size is under test here
-        # Exactness is under test, not speed: a generous timeout, so that a busy machine (the whole suite on
-        # 2 cores) waiting > 0.5 s for a connection does not fail the burst open.
-        store = RedisStore(get_client, KeySpace("rbcluster"), timeout_seconds=10.0)
+        store = RedisStore(get_client, KeySpace("rbcluster"), timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
         limiter_ = limiter.make_limiter(store, limiter.make_router(rpm=50))
         results = await asyncio.gather(*(limiter.call(limiter_, limiter.request(), limiter.auth()) for _ in range(150)))
         assert sum(refused is None for refused in results) == 50

@@ -25,7 +25,7 @@ from tests.integration.contracts_support import (
     room_in_window,
     sample,
 )
-from tests.servers import RedisServer
+from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -44,7 +44,8 @@ async def _two_instances(redis_client: Any, url: str, contracts: dict[str, Any])
     other = _client(url)
     keys = KeySpace("rbconc")
     callbacks = [
-        make_callback(RedisStore(client, keys, timeout_seconds=10.0), contracts) for client in (redis_client, other)
+        make_callback(RedisStore(client, keys, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS), contracts)
+        for client in (redis_client, other)
     ]
     return other, callbacks
 

@@ -16,7 +16,7 @@ from litellm_ratebalance.proxy.runtime import warn_if_evictable
 from litellm_ratebalance.store import KeySpace, RedisStore
 from litellm_ratebalance.store._scripts import ScriptRunner
 from tests.integration.limiter_support import auth, call, make_limiter, make_router, request
-from tests.servers import RedisServer
+from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -153,7 +153,7 @@ async def test_a_plain_pool_of_the_real_redis_is_gated_too(redis_server: RedisSe
     """redis-py's non-blocking ConnectionPool raises past max_connections; the gate makes a burst wait."""
     client = aioredis.Redis.from_url(redis_server.url, max_connections=4)
     try:
-        store = RedisStore(client, KeySpace("rbgate"), timeout_seconds=10.0)
+        store = RedisStore(client, KeySpace("rbgate"), timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
         replies = await asyncio.gather(*(store.settle("m", "d", 0, 1) for _ in range(100)))
         assert replies == [False] * 100  # every call ran (no window: nothing to settle), none failed
     finally:
