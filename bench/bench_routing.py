@@ -710,7 +710,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="override one of ours' routing settings (JSON value), e.g. --ours adaptive_window=true",
     )
     parser.add_argument("--trace", action="store_true", help="print our balancer's estimates during its runs")
-    parser.add_argument("--write", action="store_true", help="write bench/results/routing.md and the PNG")
+    parser.add_argument(
+        "--write", action="store_true", help="write bench/results/<results-name>.md and, with drift, its share PNG"
+    )
     parser.add_argument(
         "--results-name",
         default="routing",
