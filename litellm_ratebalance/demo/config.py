@@ -43,6 +43,7 @@ CHAT_DEPLOYMENTS = ("chat-fast", "chat-slow", "chat-flaky")
 """Deployment ids of ``chat`` in example_config.yaml; the mocks carry the same names."""
 LOCAL_DEPLOYMENT = "local-gpu"
 QUOTA_DEPLOYMENT = "quota-fast"
+DEMO_STORE_TIMEOUT_SECONDS = 3.0
 
 
 def default_example_path() -> Path:
@@ -128,6 +129,10 @@ def demo_config(
     backpressure["signals"].update(scrape_interval_seconds=0.5, scrape_timeout_seconds=0.4)
     if redis_url is not None:
         ours["redis_url"] = redis_url
+        # The demo runs two proxies, Redis, the mock servers and the load generator on one machine, often a
+        # small CI box. A Redis call that waits over the production default of 0.5 s there fails open and
+        # the shared counts stop being exact, which is what the demo sets out to show.
+        ours["store_timeout_seconds"] = DEMO_STORE_TIMEOUT_SECONDS
     else:
         ours.pop("redis_url", None)
 
