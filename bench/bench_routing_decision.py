@@ -4,8 +4,11 @@ Same samples in both, a window with few samples and one with very many. Printed 
 
 * ``ours choose``: RateBalancer.choose on a warm view (the request path: no store call), plus the release
   of the pick (what a finished request does), so the view stays in a steady state;
+* ``ours choose, 4 in flight``: the same with four of its picks in flight at every decision (live load and
+  in-flight evidence are worked into the shares);
 * ``ours filter hook``: RateBalancerCallback.async_filter_deployments with LiteLLM deployment dicts
-  (extracting the candidates, narrowing like the Router, choosing), awaited on an event loop;
+  (extracting the candidates, narrowing like the Router, choosing), awaited on an event loop; also with four
+  of its picks in flight;
 * ``ours cache miss``: the first decision for a candidate set after a sync (shares computed once);
 * ``ours sync``: one refresh of the local view (embedded store; with Redis add one round trip), which
   happens at most once per refresh interval and model group, not per request;
@@ -105,6 +108,19 @@ async def main() -> int:
             ours.release("g", candidates[ours.choose("g", candidates)].id)
 
         choose_us = per_call_us(choose_and_finish)
+
+        # Busy steady state: four requests stay in flight here (each pick finishes four decisions later), so
+        # the deployments picked carry live load and in-flight evidence into every decision.
+        in_flight: list[str] = []
+
+        def choose_while_busy(ours: RateBalancer = ours, in_flight: list[str] = in_flight) -> None:
+            in_flight.append(candidates[ours.choose("g", candidates)].id)
+            if len(in_flight) > 4:
+                ours.release("g", in_flight.pop(0))
+
+        busy_us = per_call_us(choose_while_busy)
+        for deployment_id in in_flight:
+            ours.release("g", deployment_id)
         callback = RateBalancerCallback(balancer=ours)
 
         async def hook_and_finish(cb: RateBalancerCallback = callback, ours: RateBalancer = ours) -> None:
@@ -112,6 +128,17 @@ async def main() -> int:
             ours.release("g", picked[0]["model_info"]["id"])
 
         hook_us = await per_await_us(hook_and_finish)
+        hook_in_flight: list[str] = []
+
+        async def hook_while_busy(cb: RateBalancerCallback = callback, ours: RateBalancer = ours) -> None:
+            picked = await cb.async_filter_deployments("g", deployments, None, {})
+            hook_in_flight.append(picked[0]["model_info"]["id"])
+            if len(hook_in_flight) > 4:
+                ours.release("g", hook_in_flight.pop(0))
+
+        hook_busy_us = await per_await_us(hook_while_busy)
+        for deployment_id in hook_in_flight:
+            ours.release("g", deployment_id)
 
         def cache_miss(ours: RateBalancer = ours) -> None:
             for view in ours._views.values():
@@ -121,22 +148,25 @@ async def main() -> int:
         miss_us = per_call_us(cache_miss)
         sync_us = await per_await_us(lambda ours=ours: ours.refresh("g"), min_calls=20)
         reference_us = per_call_us(lambda r=reference, t=now: r.choose(t), min_calls=2, min_seconds=1.0)
-        worst_ours = max(worst_ours, choose_us, hook_us)
+        worst_ours = max(worst_ours, choose_us, busy_us, hook_us, hook_busy_us)
         rows += [
             ("ours choose", total, choose_us, reference_us),
+            ("ours choose, 4 in flight", total, busy_us, reference_us),
             ("ours filter hook", total, hook_us, reference_us),
+            ("ours filter hook, 4 in flight", total, hook_busy_us, reference_us),
             ("ours cache miss", total, miss_us, reference_us),
             ("ours sync (per refresh)", total, sync_us, None),
             ("reference", total, reference_us, None),
         ]
     print(f"decision cost at {DEPLOYMENTS} deployments (microseconds; ratio = reference / ours)")
-    print(f"{'path':26} {'samples in window':>18} {'us/decision':>12} {'ratio':>10}")
+    print(f"{'path':30} {'samples in window':>18} {'us/decision':>12} {'ratio':>10}")
     for path, total, us, ref in rows:
         ratio = f"{ref / us:,.0f}x" if ref is not None else ""
-        print(f"{path:26} {total:>18,} {us:>12,.1f} {ratio:>10}")
+        print(f"{path:30} {total:>18,} {us:>12,.1f} {ratio:>10}")
     verdict = "meets" if worst_ours <= TARGET_US else "MISSES"
     print(
-        f"\nworst request-path decision (choose / filter hook): {worst_ours:.1f} us -> {verdict} <= {TARGET_US:.0f} us"
+        f"\nworst request-path decision (any row above but cache miss and sync): {worst_ours:.1f} us -> {verdict} "
+        f"<= {TARGET_US:.0f} us"
     )
     return 0
 

@@ -121,6 +121,15 @@ def is_fanout_lookup(messages: object) -> bool:
     return isinstance(content, str) and content.endswith("-api-fake-text")
 
 
+def _any_order(deployments: list[dict[str, Any]]) -> bool:
+    """Whether a deployment sets ``litellm_params.order`` (a plain loop: this runs on every request)."""
+    for deployment in deployments:
+        params = deployment.get("litellm_params")
+        if params and params.get("order") is not None:
+            return True
+    return False
+
+
 def narrow_like_router(
     deployments: list[dict[str, Any]], request_kwargs: Mapping[str, Any] | None
 ) -> list[dict[str, Any]]:
@@ -137,7 +146,7 @@ def narrow_like_router(
         "_target_order" not in kwargs
         and not kwargs.get("_excluded_deployment_ids")
         and not kwargs.get("_retry_skipped_deployment_ids")
-        and not any((d.get("litellm_params") or {}).get("order") is not None for d in deployments)
+        and not _any_order(deployments)
     ):
         return deployments  # the common case, on the request path: nothing to narrow
     try:

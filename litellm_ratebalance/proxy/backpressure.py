@@ -342,6 +342,12 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         waiting = server.waiting if server is not None and server.waiting is not None else 0.0
         return len(state.queue) + int(waiting)
 
+    def gates_deployments(self) -> bool:
+        """Whether :meth:`deployment_available` can say False for any deployment now (backpressure on, with
+        deployments configured); lets the routing hook skip asking per deployment."""
+        ctx = _PROCESS.ctx
+        return ctx is not None and ctx.settings.enabled and bool(ctx.deployments)
+
     def deployment_available(self, deployment_id: str, priority: str | None = None) -> bool:
         """Whether a request of ``priority`` would be admitted by this deployment now (for routing
         strategies that want to skip deployments at their limit or shedding without calling the filter).

@@ -87,7 +87,7 @@ def _non_negative(value: object) -> float | None:
 
 def _deployment_id(deployment: Mapping[str, Any]) -> str | None:
     info = deployment.get("model_info")
-    value = info.get("id") if isinstance(info, Mapping) else None
+    value = info.get("id") if type(info) is dict or isinstance(info, Mapping) else None
     return str(value) if value is not None else None
 
 
@@ -216,6 +216,8 @@ def _backpressure_available(deployments: Sequence[_D], request_kwargs: Mapping[s
     if module is None:
         return deployments  # never imported: not configured, nothing to consult
     gate = module.backpressure
+    if not gate.gates_deployments():
+        return deployments  # loaded, but gating no deployment (off, or none configured)
     priority = metadata_value(_litellm.request_auth(request_kwargs or {}), "priority")
     available = [
         d
@@ -365,7 +367,8 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
         try:
             if len(healthy_deployments) < 2 or _litellm.is_fanout_lookup(messages):
                 return healthy_deployments
-            if not all(isinstance(d, Mapping) for d in healthy_deployments):
+            # (type() first: the Router's dicts are plain, and an ABC isinstance costs more than the pick)
+            if not all(type(d) is dict or isinstance(d, Mapping) for d in healthy_deployments):
                 return healthy_deployments
             pool = _litellm.narrow_like_router(healthy_deployments, request_kwargs)
             if not pool:

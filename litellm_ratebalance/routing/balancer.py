@@ -40,6 +40,8 @@ from litellm_ratebalance.routing.estimator import (
     effective_rate,
     headroom_multiplier,
     recency_weight,
+    reweigh,
+    weigh,
 )
 
 if TYPE_CHECKING:
@@ -187,6 +189,20 @@ class _InFlight(dict[object, tuple[float, int]]):
             del self[key]
 
 
+class _Cached(NamedTuple):
+    shares: Shares
+    """The shares when none of the candidates has a request in flight here (``idle`` states)."""
+    states: tuple[DeploymentState, ...]
+    """Per candidate: what the synced view says, before any load correction."""
+    idle: tuple[DeploymentState, ...]
+    """``states`` with the load correction at one request (the decision's own) in flight."""
+    loaded: dict[tuple[int, int], tuple[DeploymentState | None, tuple[float, float] | None]]
+    """By (candidate index, requests in flight here), for a candidate whose requests in flight show nothing
+    timed (no stall, none overdue): its state at that load (None: its idle state) and, in weighted mode,
+    its (probability, weight). Worked out once per cache: the load fits change only with own samples, and
+    those clear the cache."""
+
+
 class _GroupView:
     __slots__ = (
         "buckets",
@@ -246,7 +262,9 @@ class _GroupView:
         self.credits: dict[str, float] = {}
         """Per deployment: smooth weighted round-robin credit (``selection: smooth``), in decisions."""
         self.derived = _Derived()
-        self.cache: dict[tuple[Candidate, ...], tuple[Shares, tuple[DeploymentState, ...]]] = {}
+        self.cache: dict[tuple[Candidate, ...], _Cached] = {}
+        """Per candidate set, as of the last sync (or own sample): its shares with nothing in flight here,
+        and the states they came from (see :meth:`RateBalancer._compute`)."""
 
 
 class RateBalancer:
@@ -708,37 +726,46 @@ class RateBalancer:
             if len(view.cache) >= _MAX_CACHED_SETS:
                 view.cache.clear()
             view.cache[key] = cached
-        shares, states = cached
-        if not view.in_flight and not view.loads:
-            return shares
+        shares = cached.shares
+        in_flight = view.in_flight
+        if not in_flight or not any(in_flight.get(c.id) for c in candidates):
+            return shares  # nothing in flight here: the cached shares already hold the idle load correction
         sla = shares.sla if shares.mode == "weighted" else None
-        live = self._live_states(view, candidates, states, now, detect=detect, sla=sla)
+        live = self._live_states(view, candidates, cached, now, detect=detect, sla=sla)
         if live is None:
             return shares
+        states, weighed = live
         s = self.settings
+        if weighed is not None:
+            return reweigh(shares, states, weighed, exploration_share=s.exploration_share)
+        # The SLA comes from finished samples only (unchanged since the sync); in bootstrap mode overdue
+        # samples may complete the set, and then the SLA is computed from them too.
         return compute_shares(
-            live,
+            states,
             greediness=s.greediness,
             estimator=s.estimator,
             exploration_share=s.exploration_share,
             failure_penalty=s.failure_penalty,
             prior_samples=s.prior_samples,
-            # The SLA comes from finished samples only (unchanged since the sync); in bootstrap mode overdue
-            # samples may complete the set, and then the SLA is computed from them too.
-            sla=shares.sla if shares.mode == "weighted" else None,
+            sla=sla,
         )
 
     def _live_states(
         self,
         view: _GroupView,
         candidates: Sequence[Candidate],
-        states: Sequence[DeploymentState],
+        cached: _Cached,
         now: float,
         *,
         detect: bool = False,
         sla: float | None = None,
-    ) -> list[DeploymentState] | None:
-        """``states`` with this replica's in-flight evidence added; None when it changes nothing (fast path).
+    ) -> tuple[list[DeploymentState], dict[int, tuple[float, float]] | None] | None:
+        """The cached idle states with this replica's in-flight evidence added, and (in weighted mode, given
+        the ``sla``) the :func:`weigh` result of each one that differs from its idle state, by index (None:
+        the shares must be computed afresh); None when no state differs.
+
+        A candidate with nothing in flight here keeps its cached idle state; only the ones with requests in
+        flight are worked out again, so a decision costs O(candidates) dictionary reads plus this.
 
         Per candidate: requests in flight longer than ``stall_after`` count as failures happening now
         (stall detection); with ``in_flight_evidence`` each request in flight longer than the deployment's
@@ -755,68 +782,82 @@ class RateBalancer:
         evidence_on = s.in_flight_evidence
         loads = view.loads if s.load_aware else None
         default_stall = s.stall_min_seconds
+        states = cached.states
         out: list[DeploymentState] | None = None
+        weighed: dict[int, tuple[float, float]] | None = {} if sla is not None else None
         in_flight = view.in_flight
+        memo = cached.loaded
         for i, c in enumerate(candidates):
             queue = in_flight.get(c.id)
-            shift = 0.0
-            spread = None
-            slots_left = 1.0
-            if loads is not None:
-                fit = loads.get(c.id)
-                if fit is not None:
-                    busy = float(len(queue)) if queue else 0.0
-                    shift = fit.shift(busy + 1.0, states[i].window.mean)
-                    spread = fit.spread()
-                    slots = fit.slots()
-                    if slots is not None:
-                        # Seen saturated: scale the share down as its learnt slots fill up (to 0 when full).
-                        slots_left = headroom_multiplier(max(slots - busy, 0.0) / slots, _SLOTS_HEADROOM)
+            if not queue:
+                continue  # its idle state is in the cached shares already
+            busy = len(queue)
+            oldest = queue.oldest()
+            if oldest is None:
+                continue
+            # Nothing timed to see (stalled or overdue): its state depends on its load only, known already.
+            if not (stall_on and oldest <= now - derived.stall_after.get(c.id, default_stall)):
+                expected = (derived.expected.get(c.id) or derived.pooled_expected) if evidence_on else None
+                if expected is None or oldest >= now - expected[0]:
+                    known = memo.get((i, busy))
+                    if known is not None:
+                        state_at_load, weight = known
+                        if state_at_load is not None:
+                            if out is None:
+                                out = list(cached.idle)
+                            out[i] = state_at_load
+                            if weighed is not None:
+                                if weight is None:
+                                    weighed = None
+                                else:
+                                    weighed[i] = weight
+                        continue
+            shift, spread, slots_left = _load_correction(loads, c.id, float(busy), states[i].window.mean)
             stalled = 0
             overdue: RateAggregate | None = None
-            oldest = queue.oldest() if queue else None
-            if queue and oldest is not None:
-                if stall_on:
-                    limit = now - derived.stall_after.get(c.id, default_stall)
-                    if oldest <= limit:
-                        for started, _ in queue.values():
-                            if started > limit or stalled >= _MAX_STALL_SCAN:
-                                break
-                            stalled += 1
-                expected = (derived.expected.get(c.id) or derived.pooled_expected) if evidence_on else None
-                if expected is not None and oldest < now - expected[0]:
-                    latency, work = expected
-                    ages: list[float] = []
-                    for started, _ in queue.values():  # oldest first
-                        age = now - started
-                        if age <= latency or len(ages) >= _MAX_OVERDUE_SAMPLES:
+            if stall_on:
+                limit = now - derived.stall_after.get(c.id, default_stall)
+                if oldest <= limit:
+                    for started, _ in queue.values():
+                        if started > limit or stalled >= _MAX_STALL_SCAN:
                             break
-                        ages.append(age)
-                    evidence = (
-                        self._slowdown_evidence(view, c.id, [work / age for age in ages[:_JOINT_EVIDENCE]])
-                        if detect and self._change_sigma > 0
-                        else None
-                    )
-                    # Its oldest requests are far slower than its samples: changed since the oldest one left.
-                    if evidence is not None and self._changed(view, c.id, now, oldest, evidence):
-                        state_window = derived.window.get(c.id) or RateAggregate()
-                    else:
-                        state_window = states[i].window
-                    overdue = state_window.copy()
-                    # Without a successful sample of its own the bound comes from the group's typical work: an
-                    # upper bound, not a measurement, so it is not taken to beat the SLA before an answer does.
-                    ceiling = _UNMEASURED_BOUND * sla if sla is not None and c.id not in derived.expected else None
-                    for age in ages:
-                        bound = work / age
-                        if ceiling is not None and bound > ceiling:
-                            bound = ceiling
-                        overdue.add(bound, latency=age)
-            if shift == 0.0 and spread is None and stalled == 0 and overdue is None and slots_left == 1.0:
+                        stalled += 1
+            expected = (derived.expected.get(c.id) or derived.pooled_expected) if evidence_on else None
+            if expected is not None and oldest < now - expected[0]:
+                latency, work = expected
+                ages: list[float] = []
+                for started, _ in queue.values():  # oldest first
+                    age = now - started
+                    if age <= latency or len(ages) >= _MAX_OVERDUE_SAMPLES:
+                        break
+                    ages.append(age)
+                evidence = (
+                    self._slowdown_evidence(view, c.id, [work / age for age in ages[:_JOINT_EVIDENCE]])
+                    if detect and self._change_sigma > 0
+                    else None
+                )
+                # Its oldest requests are far slower than its samples: changed since the oldest one left.
+                if evidence is not None and self._changed(view, c.id, now, oldest, evidence):
+                    state_window = derived.window.get(c.id) or RateAggregate()
+                else:
+                    state_window = states[i].window
+                overdue = state_window.copy()
+                # Without a successful sample of its own the bound comes from the group's typical work: an
+                # upper bound, not a measurement, so it is not taken to beat the SLA before an answer does.
+                ceiling = _UNMEASURED_BOUND * sla if sla is not None and c.id not in derived.expected else None
+                for age in ages:
+                    bound = work / age
+                    if ceiling is not None and bound > ceiling:
+                        bound = ceiling
+                    overdue.add(bound, latency=age)
+            timed = stalled > 0 or overdue is not None
+            unchanged = shift == 0.0 and spread is None and not timed and slots_left == 1.0
+            if unchanged and states[i] is cached.idle[i]:
+                if not timed:
+                    memo[(i, busy)] = (None, None)
                 continue
-            if out is None:
-                out = list(states)
             state = states[i]
-            out[i] = DeploymentState(
+            new_state = DeploymentState(
                 window=overdue if overdue is not None else state.window,
                 # A stalled request is a failure happening now: full weight.
                 recent_attempts=state.recent_attempts + stalled,
@@ -825,7 +866,27 @@ class RateBalancer:
                 load_shift=shift,
                 load_spread=spread,
             )
-        return out
+            weight = None
+            if sla is not None and new_state.window.count > 0:
+                weight = weigh(
+                    new_state,
+                    sla,
+                    greediness=s.greediness,
+                    estimator=s.estimator,
+                    failure_penalty=s.failure_penalty,
+                    prior_samples=s.prior_samples,
+                )
+            if not timed:
+                memo[(i, busy)] = (new_state, weight)
+            if out is None:
+                out = list(cached.idle)
+            out[i] = new_state
+            if weighed is not None:
+                if weight is None:
+                    weighed = None
+                else:
+                    weighed[i] = weight
+        return None if out is None else (out, weighed)
 
     def _load_shift(self, view: _GroupView, deployment_id: str) -> float:
         fit = view.loads.get(deployment_id) if self.settings.load_aware else None
@@ -835,7 +896,8 @@ class RateBalancer:
         window = view.derived.window.get(deployment_id)
         return fit.shift(float(len(queue) + 1 if queue else 1), window.mean if window is not None else 0.0)
 
-    def _compute(self, view: _GroupView, candidates: Sequence[Candidate]) -> tuple[Shares, tuple[DeploymentState, ...]]:
+    def _compute(self, view: _GroupView, candidates: Sequence[Candidate]) -> _Cached:
+        """The candidate set's states from the synced view, and its shares with nothing in flight here."""
         derived = view.derived
         empty = RateAggregate()
         states: list[DeploymentState] = []
@@ -851,15 +913,30 @@ class RateBalancer:
                 )
             )
         s = self.settings
+        loads = view.loads if s.load_aware else None
+        idle = list(states)
+        if loads:
+            for i, c in enumerate(candidates):
+                shift, spread, slots_left = _load_correction(loads, c.id, 0.0, states[i].window.mean)
+                if shift != 0.0 or spread is not None or slots_left != 1.0:
+                    state = states[i]
+                    idle[i] = DeploymentState(
+                        window=state.window,
+                        recent_attempts=state.recent_attempts,
+                        recent_failures=state.recent_failures,
+                        capacity=state.capacity * slots_left,
+                        load_shift=shift,
+                        load_spread=spread,
+                    )
         shares = compute_shares(
-            states,
+            idle,
             greediness=s.greediness,
             estimator=s.estimator,
             exploration_share=s.exploration_share,
             failure_penalty=s.failure_penalty,
             prior_samples=s.prior_samples,
         )
-        return shares, tuple(states)
+        return _Cached(shares, tuple(states), tuple(idle), {})
 
     def _capacity(self, view: _GroupView, candidate: Candidate) -> float:
         headroom = self.settings.rate_limit_headroom
@@ -955,11 +1032,14 @@ class RateBalancer:
         if retry_after <= 0 or self.settings.failure_penalty <= 0:
             return None
         weights = view.derived.failure_weights
+        if not weights:
+            return None
         for i, c in enumerate(candidates):
             attempts, failures = weights.get(c.id, (0.0, 0.0))
-            due = now - view.last_attempt.get(c.id, now) >= retry_after
-            if failures > 0.5 * attempts > 0.0 and due and not view.in_flight.get(c.id):
-                return i
+            if failures > 0.5 * attempts > 0.0:
+                due = now - view.last_attempt.get(c.id, now) >= retry_after
+                if due and not view.in_flight.get(c.id):
+                    return i
         return None
 
     def _bootstrap_picks(
@@ -1047,6 +1127,20 @@ def _smooth_pick(credits: dict[str, float], candidates: Sequence[Candidate], sha
             if i != best and credits.get(c.id, 0.0) > _CREDIT_LIMIT:
                 credits[c.id] = _CREDIT_LIMIT
     return best
+
+
+def _load_correction(
+    loads: dict[str, LoadFit] | None, deployment_id: str, busy: float, window_mean: float
+) -> tuple[float, float | None, float]:
+    """(load shift, load spread, slots-left multiplier) of a deployment with ``busy`` requests in flight
+    here, for the decision that would add one more; (0, None, 1) without a load fit."""
+    fit = loads.get(deployment_id) if loads is not None else None
+    if fit is None:
+        return 0.0, None, 1.0
+    slots = fit.slots()
+    # Seen saturated: scale the share down as its learnt slots fill up (to 0 when full).
+    slots_left = 1.0 if slots is None else headroom_multiplier(max(slots - busy, 0.0) / slots, _SLOTS_HEADROOM)
+    return fit.shift(busy + 1.0, window_mean), fit.spread(), slots_left
 
 
 def _change_scale(view: _GroupView, deployment_id: str) -> tuple[float, float] | None:

@@ -62,6 +62,8 @@ __all__ = [
     "pooled_percentile",
     "probability_above",
     "recency_weight",
+    "reweigh",
+    "weigh",
 ]
 
 EstimatorName = Literal["normal", "empirical"]
@@ -444,6 +446,9 @@ class Shares:
     sla: float | None
     probabilities: tuple[float, ...]
     """The estimator's value per candidate (1.0 each in bootstrap and round-robin modes)."""
+    weights: tuple[float, ...] = ()
+    """Per candidate: the probability times the failure multiplier, before exploration, capacity and
+    normalisation (what :func:`reweigh` starts from)."""
 
 
 def compute_shares(
@@ -477,22 +482,74 @@ def compute_shares(
         mode = "weighted"
         if sla is None:
             sla = pooled_percentile((state.window for state in states), greediness)
-        probabilities = [
-            probability_above(state.window, sla, estimator, state.load_shift, state.load_spread) for state in states
-        ]
-        if prior_samples > 0:
-            # A few samples say little: pull the estimate toward the share of all samples above the SLA
-            # (1 - greediness) as if prior_samples typical samples were added, so a quiet deployment is
-            # tried often enough to show that it got better.
-            typical = 1.0 - greediness
-            probabilities = [
-                (state.window.count * p + prior_samples * typical) / (state.window.count + prior_samples)
-                for p, state in zip(probabilities, states, strict=True)
-            ]
+        probabilities = [_probability(state, sla, greediness, estimator, prior_samples) for state in states]
     weights = [
         p * failure_multiplier(state.recent_failures, state.recent_attempts, failure_penalty)
         for p, state in zip(probabilities, states, strict=True)
     ]
+    return _normalise(weights, states, exploration_share, mode, sla, probabilities)
+
+
+def weigh(
+    state: DeploymentState,
+    sla: float,
+    *,
+    greediness: float,
+    estimator: EstimatorName = "normal",
+    failure_penalty: float = 0.0,
+    prior_samples: float = 0.0,
+) -> tuple[float, float]:
+    """(probability, weight) of one candidate with samples in weighted mode: what :func:`compute_shares`
+    gives it before exploration, capacity and normalisation."""
+    p = _probability(state, sla, greediness, estimator, prior_samples)
+    return p, p * failure_multiplier(state.recent_failures, state.recent_attempts, failure_penalty)
+
+
+def reweigh(
+    base: Shares,
+    states: Sequence[DeploymentState],
+    changed: Mapping[int, tuple[float, float]],
+    *,
+    exploration_share: float = 0.0,
+) -> Shares:
+    """:func:`compute_shares` of ``states`` with ``sla=base.sla``, when ``base`` is in weighted mode and
+    only the candidates at the indices of ``changed`` differ from the states ``base`` came from, each with
+    samples and its :func:`weigh` result in ``changed``. The others' weights are reused: O(changed)
+    estimates plus one normalisation."""
+    if base.mode != "weighted" or len(base.weights) != len(states):
+        raise ValueError("reweigh() needs shares in weighted mode of as many candidates as states")
+    probabilities = list(base.probabilities)
+    weights = list(base.weights)
+    for i, (p, w) in changed.items():
+        probabilities[i] = p
+        weights[i] = w
+    return _normalise(weights, states, exploration_share, "weighted", base.sla, probabilities)
+
+
+def _probability(
+    state: DeploymentState, sla: float, greediness: float, estimator: EstimatorName, prior_samples: float
+) -> float:
+    p = probability_above(state.window, sla, estimator, state.load_shift, state.load_spread)
+    if prior_samples > 0:
+        # A few samples say little: pull the estimate toward the share of all samples above the SLA
+        # (1 - greediness) as if prior_samples typical samples were added, so a quiet deployment is tried
+        # often enough to show that it got better.
+        count = state.window.count
+        p = (count * p + prior_samples * (1.0 - greediness)) / (count + prior_samples)
+    return p
+
+
+def _normalise(
+    weights: list[float],
+    states: Sequence[DeploymentState],
+    exploration_share: float,
+    mode: Mode,
+    sla: float | None,
+    probabilities: Sequence[float],
+) -> Shares:
+    """Weights to shares: exploration, capacity, normalisation (see :func:`compute_shares`)."""
+    n = len(weights)
+    raw = tuple(weights)
     total = sum(weights)
     if total <= 0.0:
         # Nobody is expected to beat the SLA (or everybody fails): no preference left to express.
@@ -508,7 +565,7 @@ def compute_shares(
         # Every candidate is at its rate limit: spread evenly and let the providers answer.
         shares = [1.0] * n
         total = float(n)
-    return Shares(tuple(s / total for s in shares), mode, sla, tuple(probabilities))
+    return Shares(tuple(s / total for s in shares), mode, sla, tuple(probabilities), raw)
 
 
 def recency_weight(age_seconds: float, half_life_seconds: float) -> float:

@@ -211,7 +211,7 @@ async def test_queue_overflow_and_wait_timeout_give_503(harness) -> None:
 
 
 async def test_filter_keeps_traffic_off_a_deployment_at_its_limit(harness) -> None:
-    router, _, (small, big) = await harness(
+    router, callback, (small, big) = await harness(
         {"limit": {"max_limit": 16}},
         [ServerSpec(knee=4, step_seconds=0.005), ServerSpec(knee=8, step_seconds=0.005)],
         model_info=[{"backpressure": {"initial_limit": 1, "min_limit": 1, "max_limit": 1}}, {}],
@@ -225,6 +225,7 @@ async def test_filter_keeps_traffic_off_a_deployment_at_its_limit(harness) -> No
         assert [outcome(r)[0] for r in results] == [200] * 8
     assert small.stats.peak_running == 1
     assert small.stats.completed + big.stats.completed == 8 * bursts
+    assert callback.gates_deployments()  # what the routing hook checks before asking per deployment
 
 
 async def test_successful_responses_carry_queue_depth_and_limit(harness) -> None:

@@ -142,9 +142,13 @@ async def test_filter_errors_leave_the_routers_choice() -> None:
 class _Gate:
     """Stands in for the backpressure callback's ``deployment_available``."""
 
-    def __init__(self, refusing: set[str]) -> None:
+    def __init__(self, refusing: set[str], *, gating: bool = True) -> None:
         self.refusing = refusing
+        self.gating = gating
         self.asked: list[tuple[str, str | None]] = []
+
+    def gates_deployments(self) -> bool:
+        return self.gating
 
     def deployment_available(self, deployment_id: str, priority: str | None = None) -> bool:
         self.asked.append((deployment_id, priority))
@@ -174,6 +178,24 @@ async def test_filter_skips_deployments_backpressure_would_refuse(monkeypatch: p
         (await callback.async_filter_deployments("g", deployments, None, {}))[0]["model_info"]["id"] for _ in range(20)
     }
     assert "a" in picked  # the balancer's own choice among all of them again
+
+
+async def test_filter_does_not_ask_backpressure_when_it_gates_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from litellm_ratebalance.proxy import backpressure as backpressure_module
+
+    balancer, _ = make_balancer()
+    feed(balancer, "g", "a", [200.0] * 10)
+    feed(balancer, "g", "b", [50.0] * 10)
+    gate = _Gate({"a"}, gating=False)  # would refuse a, but says it gates no deployment (off / none configured)
+    monkeypatch.setattr(backpressure_module, "backpressure", gate)
+    callback = RateBalancerCallback(balancer=balancer)
+    picks = {
+        (await callback.async_filter_deployments("g", [deployment("a"), deployment("b")], None, {}))[0]["model_info"][
+            "id"
+        ]
+        for _ in range(30)
+    }
+    assert "a" in picks and gate.asked == []
 
 
 async def test_filter_passes_the_callers_priority_to_backpressure(monkeypatch: pytest.MonkeyPatch) -> None:

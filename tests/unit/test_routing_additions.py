@@ -131,6 +131,29 @@ async def test_load_aware_shares_move_away_from_a_busy_deployment_with_few_slots
     assert idle > 0.6 and busy < 0.3, (idle, busy)
 
 
+async def test_shares_worked_out_once_per_load_equal_a_fresh_computation() -> None:
+    # A decision reuses each candidate's state and weight at a given load (until the cache clears): the
+    # shares must be those of computing everything again, at every load.
+    balancer, clock = make_balancer(load_aware=True, stall_latency_factor=0.0, in_flight_evidence=True)
+    abc = candidates("a", "b", "c")
+    feed(balancer, G, "a", [200.0, 200.0, 100.0, 66.7, 180.0])
+    feed(balancer, G, "b", [90.0, 110.0, 95.0, 105.0, 100.0])
+    feed(balancer, G, "c", [60.0, 70.0, 65.0, 55.0, 62.0])
+    fit = balancer._view(G).loads["a"] = LoadFit()
+    for load, rate in [(1.0, 200.0), (2.0, 200.0), (1.0, 200.0), (4.0, 100.0), (6.0, 66.7)]:
+        fit.add(clock.now, load, rate, 0.0)
+    seen = set()
+    for pick in ["a", "b", "a", "c", "a", "b"]:
+        balancer.choose(G, (Candidate(pick),))
+        first = balancer.weights(G, abc)
+        again = balancer.weights(G, abc)  # from what the first call worked out
+        balancer._view(G).cache.clear()
+        fresh = balancer.weights(G, abc)
+        assert again == first and fresh == pytest.approx(first, abs=1e-12)
+        seen.add(round(first["a"], 6))
+    assert len(seen) >= 3  # the loads did move the shares
+
+
 async def test_a_surprising_sample_drops_old_samples_and_probes_the_others() -> None:
     balancer, clock = make_balancer(change_detection_sigma=3.0, bucket_seconds=1)
     abc = candidates("a", "b", "c")

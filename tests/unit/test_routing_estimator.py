@@ -26,6 +26,8 @@ from litellm_ratebalance.routing.estimator import (
     parse_reset_seconds,
     pooled_percentile,
     probability_above,
+    reweigh,
+    weigh,
 )
 
 
@@ -204,3 +206,51 @@ def test_prior_pulls_sparse_deployments_toward_the_typical_share() -> None:
     assert with_prior.probabilities[1] == pytest.approx(0.375)
     assert with_prior.probabilities[0] == pytest.approx((100 * plain.probabilities[0] + 1.5) / 103)
     assert with_prior.shares[1] > 0.2
+
+
+@pytest.mark.parametrize("estimator", ["normal", "empirical"])
+@pytest.mark.parametrize("seed", range(6))
+def test_reweigh_equals_computing_the_shares_afresh(estimator: str, seed: int) -> None:
+    # The balancer reuses the weights of candidates whose state did not change and reweighs the others:
+    # the result must be what compute_shares gives for the new states at the same SLA.
+    rng = random.Random(seed)
+    options = {"greediness": 0.6, "failure_penalty": 4.0, "prior_samples": 2.0}
+
+    def random_state() -> DeploymentState:
+        return DeploymentState(
+            window=agg([rng.uniform(10, 200) for _ in range(rng.randint(1, 30))], failures=rng.randint(0, 3)),
+            recent_attempts=10.0,
+            recent_failures=float(rng.randint(0, 4)),
+            capacity=rng.choice([1.0, 0.5, 0.0]),
+            load_shift=rng.uniform(-30, 30),
+            load_spread=rng.choice([None, 5.0]),
+        )
+
+    before = [random_state() for _ in range(8)]
+    base = compute_shares(before, estimator=estimator, exploration_share=0.05, **options)  # type: ignore[arg-type]
+    assert base.mode == "weighted" and base.sla is not None
+    after = list(before)
+    changed = {}
+    for i in rng.sample(range(8), 3):
+        after[i] = random_state()
+        changed[i] = weigh(after[i], base.sla, estimator=estimator, **options)  # type: ignore[arg-type]
+    fresh = compute_shares(
+        after,
+        estimator=estimator,  # type: ignore[arg-type]
+        exploration_share=0.05,
+        sla=base.sla,
+        **options,
+    )
+    again = reweigh(base, after, changed, exploration_share=0.05)
+    assert again.shares == pytest.approx(fresh.shares, abs=1e-12)
+    assert again.probabilities == pytest.approx(fresh.probabilities, abs=1e-12)
+    assert again.weights == pytest.approx(fresh.weights, abs=1e-12)
+    assert again.sla == fresh.sla and again.mode == "weighted"
+
+
+def test_reweigh_refuses_shares_that_are_not_weighted() -> None:
+    states = [DeploymentState(window=agg([50.0])), DeploymentState(window=RateAggregate())]
+    bootstrap = compute_shares(states, greediness=0.5)
+    assert bootstrap.mode == "bootstrap"
+    with pytest.raises(ValueError, match="weighted mode"):
+        reweigh(bootstrap, states, {0: (1.0, 1.0)})
