@@ -130,7 +130,9 @@ async def main() -> int:
         hook_us = await per_await_us(hook_and_finish)
         hook_in_flight: list[str] = []
 
-        async def hook_while_busy(cb: RateBalancerCallback = callback, ours: RateBalancer = ours) -> None:
+        async def hook_while_busy(
+            cb: RateBalancerCallback = callback, ours: RateBalancer = ours, hook_in_flight: list[str] = hook_in_flight
+        ) -> None:
             picked = await cb.async_filter_deployments("g", deployments, None, {})
             hook_in_flight.append(picked[0]["model_info"]["id"])
             if len(hook_in_flight) > 4:
