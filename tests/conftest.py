@@ -6,11 +6,17 @@ import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore
 from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
+
+# Property tests check results, not speed: Hypothesis' default 200 ms deadline per example turns a pause of
+# the shared, loaded CI machine (garbage collection, descheduling) into a failure.
+hypothesis_settings.register_profile("ratebalance", deadline=None)
+hypothesis_settings.load_profile("ratebalance")
 
 
 @pytest.fixture(scope="session")

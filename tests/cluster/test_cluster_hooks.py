@@ -218,7 +218,10 @@ async def test_a_first_burst_on_an_uninitialized_client_counts_exactly(redis_clu
     admin = await fresh_cluster_client(redis_cluster)
     get_client, client = litellm_cluster_client(redis_cluster)
     try:
-        limiter_ = limiter.make_limiter(RedisStore(get_client, KeySpace("rbcluster")), limiter.make_router(rpm=1000))
+        # Exactness under a lazy first connect is under test, not speed: the long timeout keeps a loaded machine
+        # from failing calls open while the cluster client sets itself up.
+        store = RedisStore(get_client, KeySpace("rbcluster"), timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
+        limiter_ = limiter.make_limiter(store, limiter.make_router(rpm=1000))
         results = await asyncio.gather(
             *(limiter.call(limiter_, limiter.request(), limiter.auth()) for _ in range(60)), return_exceptions=True
         )

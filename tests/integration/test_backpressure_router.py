@@ -273,14 +273,16 @@ async def test_absent_nvml_degrades_with_one_line(harness, caplog: pytest.LogCap
 async def test_scraped_kv_cache_sheds_and_an_unreachable_endpoint_degrades(
     harness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    spec = ServerSpec(knee=8, step_seconds=0.02, memory_tokens=1000)
+    # 60 ms a token: the KV cache stays above the low tier's 85% for ~0.5 s before the background finishes
+    # (at 20 ms it was ~0.1 s, which a loaded machine can miss between the poll and the low request).
+    spec = ServerSpec(knee=8, step_seconds=0.06, memory_tokens=1000)
     server = InferenceServer(spec)
     await server.start()
     try:
         router, callback, _ = await harness(
             {
                 "tiers": ["low", "high"],
-                "signals": {"scrape_interval_seconds": 0.2, "scrape_timeout_seconds": 0.2, "stale_after_seconds": 0.3},
+                "signals": {"scrape_interval_seconds": 0.5, "scrape_timeout_seconds": 0.5, "stale_after_seconds": 0.3},
             },
             [],  # the deployment below points at the server started here
         )
@@ -295,7 +297,7 @@ async def test_scraped_kv_cache_sheds_and_an_unreachable_endpoint_degrades(
         )
         # Six long high-priority requests fill ~88% of the KV cache (100-token prompts, 50 tokens each).
         background = [asyncio.create_task(call(router, "high", max_tokens=50)) for _ in range(6)]
-        for _ in range(100):
+        for _ in range(400):  # up to 8 s (the background needs ~2.7 s to get there)
             await asyncio.sleep(0.02)
             if server.memory_used >= 870:
                 break

@@ -247,7 +247,7 @@ async def test_a_request_cancelled_while_queued_leaves_no_trace(build: Build) ->
         store=store,
     )
     before = (drops("gpu1"), refusals("concurrency_limit"), refusals("queue_overflow"))
-    running = asyncio.create_task(call(router, max_tokens=25))  # ~0.5 s upstream
+    running = asyncio.create_task(call(router, max_tokens=100))  # ~2 s upstream: the second one queues behind it
     for _ in range(100):
         await asyncio.sleep(0.02)
         if server.running:

@@ -1,6 +1,7 @@
 """Through a real litellm.Router with mock deployments: the proxy's filter path and the SDK strategy.
 
-Deployment ``fast`` answers after 5 ms, ``slow`` after 60 ms (same mock completion, so ~12x the rate).
+Deployment ``fast`` answers after 5 ms, ``slow`` after 200 ms (same mock completion, so ~40x the rate; the
+margin absorbs LiteLLM's own per-call overhead on a loaded machine).
 Both paths must pick with the balancer (one deployment left after the filter; the strategy's return),
 record every call (success and failure), and end up sending most traffic to ``fast``.
 """
@@ -28,7 +29,7 @@ FAST = {
 }
 SLOW = {
     "model_name": "g",
-    "litellm_params": {"model": "openai/slow", "api_key": "sk-x", "mock_response": "Hello world!", "mock_delay": 0.06},
+    "litellm_params": {"model": "openai/slow", "api_key": "sk-x", "mock_response": "Hello world!", "mock_delay": 0.2},
     "model_info": {"id": "slow"},
 }
 BROKEN = {

@@ -53,24 +53,26 @@ async def test_acquiring_a_live_lease_again_is_idempotent(store) -> None:
 
 async def test_expired_leases_free_their_slot_and_tokens(store) -> None:
     # A replica that crashed never releases: its leases must lapse on their own.
-    await store.lease_acquire("d1", "crashed", slot_cap=2, ttl_ms=150, cost_tokens=100)
+    # (1 s: the crashed lease must outlive the next two calls even on a loaded machine)
+    await store.lease_acquire("d1", "crashed", slot_cap=2, ttl_ms=1000, cost_tokens=100)
     await store.lease_acquire("d1", "alive", slot_cap=2, ttl_ms=60_000, cost_tokens=50)
     assert not (await store.lease_acquire("d1", "x", slot_cap=2, ttl_ms=60_000)).acquired
-    await asyncio.sleep(0.25)
+    await asyncio.sleep(1.1)
     snapshot = await store.concurrency_snapshot("d1")
     assert (snapshot.inflight, snapshot.reserved_tokens) == (1, 50)
     assert (await store.lease_acquire("d1", "x", slot_cap=2, ttl_ms=60_000)).acquired
 
 
 async def test_renewal_keeps_a_lease_alive_and_does_not_revive_an_expired_one(store) -> None:
-    await store.lease_acquire("d1", "kept", slot_cap=5, ttl_ms=200, cost_tokens=1)
-    await store.lease_acquire("d1", "lapsed", slot_cap=5, ttl_ms=200, cost_tokens=2)
-    for _ in range(3):
-        await asyncio.sleep(0.1)
-        renewed = await store.lease_renew("d1", ["kept"], 200)
+    # 600 ms leases renewed every 200 ms: 400 ms of slack per renewal for a loaded machine.
+    await store.lease_acquire("d1", "kept", slot_cap=5, ttl_ms=600, cost_tokens=1)
+    await store.lease_acquire("d1", "lapsed", slot_cap=5, ttl_ms=600, cost_tokens=2)
+    for _ in range(4):
+        await asyncio.sleep(0.2)
+        renewed = await store.lease_renew("d1", ["kept"], 600)
         assert renewed.changed == 1
-    # "lapsed" was not renewed: gone after 300 ms, and a late renewal does not bring it back.
-    late = await store.lease_renew("d1", ["kept", "lapsed"], 200)
+    # "lapsed" was not renewed: gone after 800 ms, and a late renewal does not bring it back.
+    late = await store.lease_renew("d1", ["kept", "lapsed"], 600)
     assert (late.changed, late.inflight, late.reserved_tokens) == (1, 1, 1)
 
 

@@ -68,7 +68,7 @@ async def test_latency_follows_token_rate_and_base_latency() -> None:
         started = time.perf_counter()
         await _post(client, cluster.api_bases["a"], _body(max_tokens=20))  # 0.1 s + 20 / 100 s
         elapsed = time.perf_counter() - started
-    assert 0.28 <= elapsed < 0.6
+    assert 0.28 <= elapsed < 1.5  # (the upper bound only catches gross errors: a loaded machine is slow)
 
 
 async def test_requests_beyond_capacity_share_it() -> None:
@@ -78,7 +78,7 @@ async def test_requests_beyond_capacity_share_it() -> None:
         await asyncio.gather(*(_post(client, cluster.api_bases["a"], _body(max_tokens=10)) for _ in range(3)))
         elapsed = time.perf_counter() - started
     # alone: 0.1 s each; three sharing one slot run at a third of the speed
-    assert 0.27 <= elapsed < 0.6
+    assert 0.27 <= elapsed < 1.5
 
 
 async def test_timeline_and_update_change_behaviour() -> None:
