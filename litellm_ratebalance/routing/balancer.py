@@ -25,6 +25,7 @@ import logging
 import math
 import random
 import time
+import collections
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, cast
@@ -227,6 +228,7 @@ class _GroupView:
         "probes",
         "ratios",
         "syncing",
+        "wasted",
     )
 
     def __init__(self) -> None:
@@ -262,6 +264,9 @@ class _GroupView:
         self.credits: dict[str, float] = {}
         """Per deployment: smooth weighted round-robin credit (``selection: smooth``), in decisions."""
         self.derived = _Derived()
+        self.wasted: dict[str, collections.deque[float]] = {}
+        """Per deployment (``selection: least_loaded``): local times until which this replica's recent
+        failures there count as requests in flight (see :meth:`RateBalancer._least_loaded_pick`)."""
         self.cache: dict[tuple[Candidate, ...], _Cached] = {}
         """Per candidate set, as of the last sync (or own sample): its shares with nothing in flight here,
         and the states they came from (see :meth:`RateBalancer._compute`)."""
@@ -295,6 +300,7 @@ class RateBalancer:
         s = self.settings
         self._round_robin = s.round_robin
         self._smooth = s.selection == "smooth"
+        self._least_loaded = s.selection == "least_loaded"
         self._bucket_ms = s.effective_bucket_seconds * 1000
         self._window_ms = s.window_seconds * 1000
         self._recent_ms = s.failure_window_seconds * 1000
@@ -335,6 +341,8 @@ class RateBalancer:
             probe = self._probe(view, candidates, now)
             if probe is not None:
                 index = probe
+            elif self._least_loaded:
+                index = self._least_loaded_pick(view, candidates, computed.exploit or shares, now)
             elif self._smooth:
                 if computed.mode == "bootstrap":
                     shares = self._bootstrap_picks(view, candidates, shares)
@@ -399,6 +407,14 @@ class RateBalancer:
             if fit is None:
                 fit = view.loads[deployment_id] = LoadFit()
             fit.add(now, load, rate, self._load_half_life)
+        if not ok and self._least_loaded:
+            # A failure took the place of a request that would have been in flight for a typical latency:
+            # it counts as one that long, so a deployment that fails at once does not look idle.
+            expected = view.derived.expected.get(deployment_id) or view.derived.pooled_expected
+            wasted = view.wasted.get(deployment_id)
+            if wasted is None:
+                wasted = view.wasted[deployment_id] = collections.deque(maxlen=_MAX_IN_FLIGHT)
+            wasted.append(now + max(expected[0] if expected else 1.0, latency))
         if rate_limits is not None:
             view.pending_limits[deployment_id] = rate_limits
         if view.pending_since is None:
@@ -1065,6 +1081,43 @@ class RateBalancer:
             least = min(busy)
             picks = [1.0 if b == least else 0.0 for b in busy]
         return picks
+
+    def _least_loaded_pick(
+        self, view: _GroupView, candidates: Sequence[Candidate], shares: Sequence[float], now: float
+    ) -> int:
+        """``selection: least_loaded`` (weighted least connections): the candidate with the fewest requests
+        in flight here for its share, ``(in flight + 1) / share``, ties drawn at random. A failure logged
+        here counts as in flight for the deployment's typical latency (a deployment that fails at once
+        would otherwise look idle and draw every request). ``shares`` are the ones without the exploration
+        part; the ``exploration_share`` of the decisions is a uniform draw instead, so each candidate keeps
+        being measured whatever its load here. O(candidates)."""
+        rng = self._rng
+        if rng.random() < self.settings.exploration_share:
+            return rng.randrange(len(candidates))
+        in_flight = view.in_flight
+        wasted_by = view.wasted
+        best = -1
+        best_score = math.inf
+        ties = 0
+        for i, c in enumerate(candidates):
+            share = shares[i]
+            if share <= 0.0:
+                continue
+            queue = in_flight.get(c.id)
+            busy = len(queue) if queue else 0
+            wasted = wasted_by.get(c.id)
+            if wasted:
+                while wasted and wasted[0] <= now:
+                    wasted.popleft()
+                busy += len(wasted)
+            score = (busy + 1.0) / share
+            if score < best_score * (1.0 - 1e-9):
+                best, best_score, ties = i, score, 1
+            elif score <= best_score * (1.0 + 1e-9):
+                ties += 1
+                if rng.randrange(ties) == 0:  # an even draw among equal scores
+                    best = i
+        return best if best >= 0 else self._draw(shares)
 
     def _draw(self, shares: Sequence[float]) -> int:
         point = self._rng.random()

@@ -99,13 +99,17 @@ class RoutingSettings(SettingsModel):
     """Use, per deployment, only its newest buckets that hold ``adaptive_min_samples`` samples (at most
     ``window_seconds``): busy deployments are judged on recent samples, quiet ones keep their history."""
     adaptive_min_samples: Annotated[int, Field(ge=2, le=1_000_000)] = 30
-    selection: Literal["random", "smooth"] = "random"
+    selection: Literal["random", "smooth", "least_loaded"] = "least_loaded"
     """How a pick follows the shares. ``random``: an independent weighted draw per decision (the proposal).
     ``smooth``: smooth weighted round robin per model group and replica (each candidate gains its share at
     every decision, the one with the most credit is picked and pays one decision's worth), so every
     deployment gets its share over any run of decisions without random bursts; in bootstrap it sends each
     unmeasured candidate one request and the rest to the others. Not the default: it did not beat ``random``
-    in the routing benchmark."""
+    in the routing benchmark. ``least_loaded``: two independent draws by share (power of two choices),
+    and of the two the one with the fewer requests in flight here for its share, ``(in flight + 1) / share``:
+    a deployment whose requests pile up (slow, stalled, at its capacity) is passed over at once, and none is
+    drawn more than about twice its share (a failing one that answers at once holds no requests in flight
+    but still cannot pull traffic to itself); the ``exploration_share`` of decisions is a uniform draw."""
 
     @model_validator(mode="before")
     @classmethod

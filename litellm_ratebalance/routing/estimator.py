@@ -449,6 +449,9 @@ class Shares:
     weights: tuple[float, ...] = ()
     """Per candidate: the probability times the failure multiplier, before exploration, capacity and
     normalisation (what :func:`reweigh` starts from)."""
+    exploit: tuple[float, ...] = ()
+    """The shares without the exploration part (weights times capacity, normalised; empty when they are
+    all 0): what a selection that explores on its own (``least_loaded``) follows."""
 
 
 def compute_shares(
@@ -560,12 +563,21 @@ def _normalise(
         ((1.0 - exploration_share) * w / total + explore) * state.capacity
         for w, state in zip(weights, states, strict=True)
     ]
+    exploit = [w * state.capacity for w, state in zip(weights, states, strict=True)]
+    exploit_total = sum(exploit)
     total = sum(shares)
     if total <= 0.0:
         # Every candidate is at its rate limit: spread evenly and let the providers answer.
         shares = [1.0] * n
         total = float(n)
-    return Shares(tuple(s / total for s in shares), mode, sla, tuple(probabilities), raw)
+    return Shares(
+        tuple(s / total for s in shares),
+        mode,
+        sla,
+        tuple(probabilities),
+        raw,
+        tuple(e / exploit_total for e in exploit) if exploit_total > 0.0 else (),
+    )
 
 
 def recency_weight(age_seconds: float, half_life_seconds: float) -> float:

@@ -25,8 +25,8 @@ class Clock:
 
 def settings(**overrides: Any) -> RoutingSettings:
     """Test settings: no exploration, no recency weighting, no in-flight evidence, no load fit, no change
-    detection and no
-    background refresh unless asked (tests call refresh())."""
+    detection, the proposal's independent weighted draw (``selection: random``) and no background refresh
+    unless asked (tests call refresh())."""
     base: dict[str, Any] = {
         "refresh_interval": 300.0,
         "exploration_share": 0.0,
@@ -35,6 +35,7 @@ def settings(**overrides: Any) -> RoutingSettings:
         "in_flight_evidence": False,
         "load_aware": False,
         "change_detection_sigma": 0.0,
+        "selection": "random",
     }
     base.update(overrides)
     return RoutingSettings(**base)

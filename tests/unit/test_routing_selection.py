@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from litellm_ratebalance.routing import Candidate
+from litellm_ratebalance.routing import Candidate, RateBalancer
 from litellm_ratebalance.routing.balancer import _smooth_pick
 from tests.unit.routing_support import candidates, feed, make_balancer
 
@@ -105,3 +105,62 @@ async def test_an_unmeasured_deployments_overdue_bound_does_not_beat_the_sla() -
         assert estimates["b"].mode == "weighted" and estimates["b"].share is not None
         shares[cap] = estimates["b"].share
     assert shares[0.9] < 0.5 * shares[100.0]
+
+
+# -- selection: least_loaded (the default) ----------------------------------------------------------------
+def two_close_deployments(seed: int, **overrides: object) -> tuple[RateBalancer, dict[str, float]]:
+    balancer, _ = make_balancer(seed=seed, selection="least_loaded", **overrides)
+    feed(balancer, G, "a", [100.0, 110.0, 90.0, 105.0, 95.0])
+    feed(balancer, G, "b", [95.0, 100.0, 90.0, 98.0, 97.0])
+    weights = balancer.weights(G, AB)
+    assert 0.55 < weights["a"] < 0.8  # a a little ahead
+    return balancer, weights
+
+
+async def test_least_loaded_with_nothing_in_flight_picks_the_bigger_share() -> None:
+    # (0 + 1) / share is lowest for the biggest share: greedy when idle, as the oracle is.
+    balancer, _ = two_close_deployments(seed=3)
+    for _ in range(200):
+        picked = AB[balancer.choose(G, AB)].id
+        assert picked == "a"
+        balancer.release(G, picked)
+
+
+async def test_least_loaded_passes_over_a_deployment_whose_requests_pile_up() -> None:
+    balancer, weights = two_close_deployments(seed=4)
+    for _ in range(6):
+        balancer.choose(G, (Candidate("a"),))  # six requests stuck at a, none at b
+    # b until its (in flight + 1) / share reaches a's 7 / share_a.
+    picks = [AB[balancer.choose(G, AB)].id for _ in range(3)]
+    assert picks == ["b", "b", "b"], weights
+
+
+async def test_least_loaded_keeps_requests_in_flight_in_proportion_to_the_shares() -> None:
+    balancer, weights = two_close_deployments(seed=6)
+    picks = [AB[balancer.choose(G, AB)].id for _ in range(400)]  # none finishes
+    assert abs(picks.count("a") - 400 * weights["a"]) <= 2
+
+
+async def test_least_loaded_counts_a_failure_as_in_flight_for_a_typical_latency() -> None:
+    # c fails at once, so it never has requests in flight; counted only by what is in flight it would look
+    # idle next to busy a and b and take every request. Its failures count as in flight for the group's
+    # typical latency instead, so it gets about its share.
+    # (No failure penalty, so c's share stays put and the in-flight count alone is under test.)
+    balancer, clock = make_balancer(seed=5, selection="least_loaded", failure_penalty=0.0)
+    feed(balancer, G, "a", [100.0, 110.0, 90.0, 105.0, 95.0], latency=2.0)
+    feed(balancer, G, "b", [98.0, 108.0, 88.0, 103.0, 93.0], latency=2.0)
+    feed(balancer, G, "c", [96.0, 106.0, 86.0, 101.0, 91.0], latency=2.0)
+    for _ in range(40):  # the healthy ones are busy
+        balancer.choose(G, (Candidate("a"),))
+        balancer.choose(G, (Candidate("b"),))
+    share_c = balancer.weights(G, ABC)["c"]
+    assert share_c > 0.1
+    picks = []
+    for _ in range(60):  # 60 decisions within 0.6 s, c failing at once each time
+        picked = ABC[balancer.choose(G, ABC)].id
+        picks.append(picked)
+        if picked == "c":
+            balancer.record(G, "c", latency=0.01, ok=False)
+        clock.advance(0.01)
+    assert picks.count("c") < 20, (share_c, picks.count("c"))  # counted as idle it takes all 60
+    assert picks.count("c") > 0
