@@ -20,12 +20,12 @@ Not thread-safe: one instance belongs to one event loop (LiteLLM's proxy and asy
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import math
 import random
 import time
-import collections
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, cast
