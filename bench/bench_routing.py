@@ -11,6 +11,8 @@ Usage::
     python bench/bench_routing.py            # full run (~6 minutes on 2 cores)
     python bench/bench_routing.py --quick    # ~1 minute smoke run
     python bench/bench_routing.py --write    # also write bench/results/routing.md and the drift share plot
+    python bench/bench_routing.py --duration 30 --write --results-name routing_30s   # a longer run, own file
+    python bench/bench_routing.py --ours selection='"random"'   # one of ours' settings overridden (JSON)
 
 Per scenario it prints the mean and p5 effective token rate ((output + input / ratio) / latency, failures
 count 0), p50/p95 latency of successful requests, goodput (output tokens of successful requests per second),
