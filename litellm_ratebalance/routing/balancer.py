@@ -409,12 +409,15 @@ class RateBalancer:
             fit.add(now, load, rate, self._load_half_life)
         if not ok and self._least_loaded:
             # A failure took the place of a request that would have been in flight for a typical latency:
-            # it counts as one that long, so a deployment that fails at once does not look idle.
+            # it counts as in flight for the rest of that time, so a deployment that fails at once does not
+            # look idle (a failure that took longer, e.g. a timeout, was counted while it was in flight).
             expected = view.derived.expected.get(deployment_id) or view.derived.pooled_expected
-            wasted = view.wasted.get(deployment_id)
-            if wasted is None:
-                wasted = view.wasted[deployment_id] = collections.deque(maxlen=_MAX_IN_FLIGHT)
-            wasted.append(now + max(expected[0] if expected else 1.0, latency))
+            rest = (expected[0] if expected else 1.0) - latency
+            if rest > 0.0:
+                wasted = view.wasted.get(deployment_id)
+                if wasted is None:
+                    wasted = view.wasted[deployment_id] = collections.deque(maxlen=_MAX_IN_FLIGHT)
+                wasted.append(now + rest)
         if rate_limits is not None:
             view.pending_limits[deployment_id] = rate_limits
         if view.pending_since is None:
@@ -796,113 +799,127 @@ class RateBalancer:
         derived = view.derived
         stall_on = s.stall_latency_factor > 0
         evidence_on = s.in_flight_evidence
-        loads = view.loads if s.load_aware else None
         default_stall = s.stall_min_seconds
-        states = cached.states
         out: list[DeploymentState] | None = None
         weighed: dict[int, tuple[float, float]] | None = {} if sla is not None else None
         in_flight = view.in_flight
         memo = cached.loaded
         for i, c in enumerate(candidates):
             queue = in_flight.get(c.id)
-            if not queue:
-                continue  # its idle state is in the cached shares already
+            oldest = queue.oldest() if queue else None
+            if queue is None or oldest is None:
+                continue  # nothing in flight here: its idle state is in the cached shares already
             busy = len(queue)
-            oldest = queue.oldest()
-            if oldest is None:
-                continue
-            # Nothing timed to see (stalled or overdue): its state depends on its load only, known already.
-            if not (stall_on and oldest <= now - derived.stall_after.get(c.id, default_stall)):
-                expected = (derived.expected.get(c.id) or derived.pooled_expected) if evidence_on else None
-                if expected is None or oldest >= now - expected[0]:
-                    known = memo.get((i, busy))
-                    if known is not None:
-                        state_at_load, weight = known
-                        if state_at_load is not None:
-                            if out is None:
-                                out = list(cached.idle)
-                            out[i] = state_at_load
-                            if weighed is not None:
-                                if weight is None:
-                                    weighed = None
-                                else:
-                                    weighed[i] = weight
-                        continue
-            shift, spread, slots_left = _load_correction(loads, c.id, float(busy), states[i].window.mean)
-            stalled = 0
-            overdue: RateAggregate | None = None
-            if stall_on:
-                limit = now - derived.stall_after.get(c.id, default_stall)
-                if oldest <= limit:
-                    for started, _ in queue.values():
-                        if started > limit or stalled >= _MAX_STALL_SCAN:
-                            break
-                        stalled += 1
+            stall_limit = now - derived.stall_after.get(c.id, default_stall) if stall_on else None
             expected = (derived.expected.get(c.id) or derived.pooled_expected) if evidence_on else None
-            if expected is not None and oldest < now - expected[0]:
-                latency, work = expected
-                ages: list[float] = []
-                for started, _ in queue.values():  # oldest first
-                    age = now - started
-                    if age <= latency or len(ages) >= _MAX_OVERDUE_SAMPLES:
-                        break
-                    ages.append(age)
-                evidence = (
-                    self._slowdown_evidence(view, c.id, [work / age for age in ages[:_JOINT_EVIDENCE]])
-                    if detect and self._change_sigma > 0
-                    else None
-                )
-                # Its oldest requests are far slower than its samples: changed since the oldest one left.
-                if evidence is not None and self._changed(view, c.id, now, oldest, evidence):
-                    state_window = derived.window.get(c.id) or RateAggregate()
-                else:
-                    state_window = states[i].window
-                overdue = state_window.copy()
-                # Without a successful sample of its own the bound comes from the group's typical work: an
-                # upper bound, not a measurement, so it is not taken to beat the SLA before an answer does.
-                ceiling = _UNMEASURED_BOUND * sla if sla is not None and c.id not in derived.expected else None
-                for age in ages:
-                    bound = work / age
-                    if ceiling is not None and bound > ceiling:
-                        bound = ceiling
-                    overdue.add(bound, latency=age)
-            timed = stalled > 0 or overdue is not None
-            unchanged = shift == 0.0 and spread is None and not timed and slots_left == 1.0
-            if unchanged and states[i] is cached.idle[i]:
-                if not timed:
-                    memo[(i, busy)] = (None, None)
-                continue
-            state = states[i]
-            new_state = DeploymentState(
-                window=overdue if overdue is not None else state.window,
-                # A stalled request is a failure happening now: full weight.
-                recent_attempts=state.recent_attempts + stalled,
-                recent_failures=state.recent_failures + stalled,
-                capacity=state.capacity * slots_left,
-                load_shift=shift,
-                load_spread=spread,
+            timed = (stall_limit is not None and oldest <= stall_limit) or (
+                expected is not None and oldest < now - expected[0]
             )
-            weight = None
-            if sla is not None and new_state.window.count > 0:
-                weight = weigh(
-                    new_state,
-                    sla,
-                    greediness=s.greediness,
-                    estimator=s.estimator,
-                    failure_penalty=s.failure_penalty,
-                    prior_samples=s.prior_samples,
+            if timed:
+                state_at_load, weight = self._evidence_state(
+                    view, c.id, i, cached, queue, oldest, now, stall_limit, expected, detect=detect, sla=sla
                 )
-            if not timed:
-                memo[(i, busy)] = (new_state, weight)
+            else:
+                # Nothing timed to see (stalled or overdue): the state depends on the load only.
+                known = memo.get((i, busy))
+                if known is None:
+                    known = memo[(i, busy)] = self._evidence_state(
+                        view, c.id, i, cached, queue, oldest, now, None, None, detect=False, sla=sla
+                    )
+                state_at_load, weight = known
+            if state_at_load is None:
+                continue
             if out is None:
                 out = list(cached.idle)
-            out[i] = new_state
+            out[i] = state_at_load
             if weighed is not None:
                 if weight is None:
                     weighed = None
                 else:
                     weighed[i] = weight
         return None if out is None else (out, weighed)
+
+    def _evidence_state(
+        self,
+        view: _GroupView,
+        deployment_id: str,
+        index: int,
+        cached: _Cached,
+        queue: _InFlight,
+        oldest: float,
+        now: float,
+        stall_limit: float | None,
+        expected: tuple[float, float] | None,
+        *,
+        detect: bool,
+        sla: float | None,
+    ) -> tuple[DeploymentState | None, tuple[float, float] | None]:
+        """One candidate's state with its requests in flight here (None: its idle state stands), and its
+        :func:`weigh` result given the ``sla``. ``stall_limit`` / ``expected``: the stall cut-off and the
+        (latency, work) for overdue evidence, or None where there is none to look for."""
+        s = self.settings
+        derived = view.derived
+        state = cached.states[index]
+        shift, spread, slots_left = _load_correction(
+            view.loads if s.load_aware else None, deployment_id, float(len(queue)), state.window.mean
+        )
+        stalled = 0
+        if stall_limit is not None and oldest <= stall_limit:
+            for started, _ in queue.values():
+                if started > stall_limit or stalled >= _MAX_STALL_SCAN:
+                    break
+                stalled += 1
+        overdue: RateAggregate | None = None
+        if expected is not None and oldest < now - expected[0]:
+            latency, work = expected
+            ages: list[float] = []
+            for started, _ in queue.values():  # oldest first
+                age = now - started
+                if age <= latency or len(ages) >= _MAX_OVERDUE_SAMPLES:
+                    break
+                ages.append(age)
+            evidence = (
+                self._slowdown_evidence(view, deployment_id, [work / age for age in ages[:_JOINT_EVIDENCE]])
+                if detect and self._change_sigma > 0
+                else None
+            )
+            # Its oldest requests are far slower than its samples: changed since the oldest one left.
+            if evidence is not None and self._changed(view, deployment_id, now, oldest, evidence):
+                state_window = derived.window.get(deployment_id) or RateAggregate()
+            else:
+                state_window = state.window
+            overdue = state_window.copy()
+            # Without a successful sample of its own the bound comes from the group's typical work: an upper
+            # bound, not a measurement, so it is not taken to beat the SLA before an answer does.
+            ceiling = _UNMEASURED_BOUND * sla if sla is not None and deployment_id not in derived.expected else None
+            for age in ages:
+                bound = work / age
+                if ceiling is not None and bound > ceiling:
+                    bound = ceiling
+                overdue.add(bound, latency=age)
+        unchanged = shift == 0.0 and spread is None and stalled == 0 and overdue is None and slots_left == 1.0
+        if unchanged and state is cached.idle[index]:
+            return None, None
+        new_state = DeploymentState(
+            window=overdue if overdue is not None else state.window,
+            # A stalled request is a failure happening now: full weight.
+            recent_attempts=state.recent_attempts + stalled,
+            recent_failures=state.recent_failures + stalled,
+            capacity=state.capacity * slots_left,
+            load_shift=shift,
+            load_spread=spread,
+        )
+        weight = None
+        if sla is not None and new_state.window.count > 0:
+            weight = weigh(
+                new_state,
+                sla,
+                greediness=s.greediness,
+                estimator=s.estimator,
+                failure_penalty=s.failure_penalty,
+                prior_samples=s.prior_samples,
+            )
+        return new_state, weight
 
     def _load_shift(self, view: _GroupView, deployment_id: str) -> float:
         fit = view.loads.get(deployment_id) if self.settings.load_aware else None
