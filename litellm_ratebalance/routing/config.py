@@ -105,11 +105,12 @@ class RoutingSettings(SettingsModel):
     every decision, the one with the most credit is picked and pays one decision's worth), so every
     deployment gets its share over any run of decisions without random bursts; in bootstrap it sends each
     unmeasured candidate one request and the rest to the others. Not the default: it did not beat ``random``
-    in the routing benchmark. ``least_loaded``: two independent draws by share (power of two choices),
-    and of the two the one with the fewer requests in flight here for its share, ``(in flight + 1) / share``:
-    a deployment whose requests pile up (slow, stalled, at its capacity) is passed over at once, and none is
-    drawn more than about twice its share (a failing one that answers at once holds no requests in flight
-    but still cannot pull traffic to itself); the ``exploration_share`` of decisions is a uniform draw."""
+    in the routing benchmark. ``least_loaded`` (the default): weighted least connections, the candidate
+    with the fewest requests in flight here for its share (without the exploration part),
+    ``(in flight + 1) / share``, ties drawn at random; a failure counts as in flight for the rest of a typical
+    latency, so a deployment that fails at once does not look idle; the ``exploration_share`` of decisions
+    is a uniform draw. A deployment whose requests pile up (slow, stalled, at its capacity) is passed over at
+    once."""
 
     @model_validator(mode="before")
     @classmethod
