@@ -56,6 +56,9 @@ _USAGE_WINDOW_MS = 60_000
 """Configured tpm / rpm are per minute: usage is summed over the last minute of buckets."""
 _MAX_IN_FLIGHT = 4096
 _MAX_CACHED_SETS = 64
+_STALL_QUORUM = 3
+"""Requests overdue together, with no answer from their deployment for a typical latency, that show it has
+stalled as a whole."""
 _MAX_STALL_SCAN = 1024
 _LOCAL_RECOMPUTE_SECONDS = 0.05
 """Cached shares include this replica's newest samples at most this late (the next sync includes them all)."""
@@ -216,6 +219,7 @@ class _GroupView:
         "derived",
         "dirty_at",
         "in_flight",
+        "last_answer",
         "last_attempt",
         "last_sync",
         "limits",
@@ -255,6 +259,8 @@ class _GroupView:
         """Local time of the first own sample the cached shares do not include yet."""
         self.last_attempt: dict[str, float] = {}
         """Per deployment: local time of this replica's last pick of it."""
+        self.last_answer: dict[str, float] = {}
+        """Per deployment: local time at which the last successful answer of its requests here came back."""
         self.probes: set[str] = set()
         self.probed_at = float("-inf")
         """Local time of the last round of re-measuring probes."""
@@ -397,7 +403,9 @@ class RateBalancer:
             view.pending[deployment_id] = sample.copy()
         else:
             aggregate.merge(sample)
-        if ok and self._change_sigma > 0 and self._surprising(view, deployment_id, rate):
+        if ok:
+            view.last_answer[deployment_id] = now
+        if ok and self._change_sigma > 0 and self._surprising(view, deployment_id, rate, load):
             self._changed(view, deployment_id, now, now - latency)
         # The local view sees its own sample at once (the shared one at the next sync): a deployment has
         # samples as soon as one of its requests finished here, and a failure counts from this moment.
@@ -870,9 +878,9 @@ class RateBalancer:
                     break
                 stalled += 1
         overdue: RateAggregate | None = None
+        ages: list[float] = []
         if expected is not None and oldest < now - expected[0]:
             latency, work = expected
-            ages: list[float] = []
             for started, _ in queue.values():  # oldest first
                 age = now - started
                 if age <= latency or len(ages) >= _MAX_OVERDUE_SAMPLES:
@@ -900,11 +908,20 @@ class RateBalancer:
         unchanged = shift == 0.0 and spread is None and stalled == 0 and overdue is None and slots_left == 1.0
         if unchanged and state is cached.idle[index]:
             return None, None
+        attempts = state.recent_attempts + stalled
+        # A stalled request is a failure happening now: full weight. The deployment as a whole has stalled,
+        # and its recent attempts count as failed until it answers again, when no answer at all has come
+        # back here while requests are stuck there (for as long as the stall cut-off), or while several are
+        # overdue together (for a typical latency: each of them would have answered by then more often
+        # than not).
+        last_answer = view.last_answer.get(deployment_id, float("-inf"))
+        whole_stall = (stalled > 0 and stall_limit is not None and last_answer < stall_limit) or (
+            expected is not None and len(ages) >= _STALL_QUORUM and last_answer < now - expected[0]
+        )
         new_state = DeploymentState(
             window=overdue if overdue is not None else state.window,
-            # A stalled request is a failure happening now: full weight.
-            recent_attempts=state.recent_attempts + stalled,
-            recent_failures=state.recent_failures + stalled,
+            recent_attempts=attempts,
+            recent_failures=attempts if whole_stall else state.recent_failures + stalled,
             capacity=state.capacity * slots_left,
             load_shift=shift,
             load_spread=spread,
@@ -989,9 +1006,17 @@ class RateBalancer:
         return headroom_multiplier(min(fractions), headroom) if fractions else 1.0
 
     # -- change detection -----------------------------------------------------------------------------
-    def _surprising(self, view: _GroupView, deployment_id: str, rate: float) -> bool:
-        """Whether a rate (finished, or the bound of a request in flight) is far outside the deployment's
-        recency-weighted window: ``change_detection_sigma`` spreads (see :func:`_change_scale`)."""
+    def _surprising(self, view: _GroupView, deployment_id: str, rate: float, load: float) -> bool:
+        """Whether a finished request's rate, taken at ``load`` requests in flight, is far outside what the
+        deployment was expected to give: ``change_detection_sigma`` spreads from its load fit's rate at that
+        load when the fit knows one (so a deployment slowed or sped up by its own load has not changed),
+        else from its recency-weighted window (see :func:`_change_scale`)."""
+        fit = view.loads.get(deployment_id) if self.settings.load_aware else None
+        if fit is not None:
+            expected = fit.expected_rate(load)
+            spread = fit.spread()
+            if expected is not None and spread is not None:
+                return abs(rate - expected) > self._change_sigma * max(spread, 0.1 * expected)
         scale = _change_scale(view, deployment_id)
         return scale is not None and abs(rate - scale[0]) > self._change_sigma * scale[1]
 

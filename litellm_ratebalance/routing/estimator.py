@@ -580,6 +580,16 @@ def _normalise(
     )
 
 
+def _load_level(load: float, lightest: float, levels: int) -> int:
+    """Index of the load level of ``load``: 0 up to ``lightest``, then one per doubling (the last open)."""
+    level = 0
+    top = lightest
+    while load > top and level < levels - 1:
+        level += 1
+        top *= 2.0
+    return level
+
+
 def recency_weight(age_seconds: float, half_life_seconds: float) -> float:
     """``0.5 ** (age / half-life)``: how much a sample of that age counts; 1 when the half-life is 0 (off)."""
     if half_life_seconds <= 0.0:
@@ -596,12 +606,15 @@ class LoadFit:
     """How a deployment's rate depends on its load (requests in flight there), from its successful samples.
 
     Each sample adds ``(load, rate)``, ``load`` = the requests in flight at the deployment during the
-    request, itself included (the mean of what it met and what it left). Two recency-weighted figures
-    (times are explicit, no clock; they fade with ``half_life_seconds``):
+    request, itself included (the mean of what it met and what it left). Recency-weighted figures (times
+    are explicit, no clock; they fade with ``half_life_seconds``):
 
     * the **peak throughput** ``max(load x rate)``: a deployment with ``c`` slots at ``r`` tokens/s each peaks
       at about ``c x r``, so at a load above ``c`` each request gets about ``peak / load``;
-    * the **unloaded rate**, the mean rate of the samples taken at a load of at most :data:`UNLOADED_LOAD`.
+    * the **light-load rate**: the mean rate of the samples at the lightest load level seen (levels: a load
+      of at most :data:`UNLOADED_LOAD`, then doubling ranges above it). For a deployment that is sometimes
+      nearly idle that is its unloaded rate; one that is never idle (every sample met a few requests) is
+      judged by its lightest loads, so its load fit does not go blank while it is busy.
 
     :meth:`expected_rate` at a load is the smaller of the two; :meth:`shift` is how far it is from the
     deployment's window mean. So a deployment with few slots is not piled onto, gets its full rate back in
@@ -613,36 +626,45 @@ class LoadFit:
     __slots__ = (
         "_derived",
         "last",
+        "level_sums",
+        "level_weights",
         "max_load",
         "peak",
         "residual_sq_sum",
         "residual_weight",
         "samples",
-        "unloaded_sum",
-        "unloaded_weight",
     )
 
     MIN_SAMPLES = 3
     """Samples before the fit says anything."""
     UNLOADED_LOAD = 2.0
+    """Upper bound of the lightest load level; level ``k`` above it holds loads up to ``UNLOADED_LOAD * 2**k``."""
+    LEVELS = 8
+    MIN_LEVEL_WEIGHT = 0.5
+    """Recency-weighted samples a load level needs to stand for the light-load rate."""
 
     def __init__(self) -> None:
         self.peak = 0.0
         self.samples = 0
-        self.unloaded_sum = 0.0
-        self.unloaded_weight = 0.0
+        self.level_sums = [0.0] * self.LEVELS
+        self.level_weights = [0.0] * self.LEVELS
         self.residual_sq_sum = 0.0
         self.residual_weight = 0.0
         self.max_load = 0.0
         self.last = float("-inf")
-        self._derived: tuple[float | None, float | None] = (None, None)
+        self._derived: tuple[float | None, float | None, float | None, float] = (None, None, None, 0.0)
+
+    @property
+    def unloaded_weight(self) -> float:
+        """Recency-weighted samples at the lightest load level (at most :data:`UNLOADED_LOAD`)."""
+        return self.level_weights[0]
 
     def add(self, now: float, load: float, rate: float, half_life_seconds: float) -> None:
         if half_life_seconds > 0.0 and self.samples and now > self.last:
             factor = 0.5 ** ((now - self.last) / half_life_seconds)
             self.peak *= factor
-            self.unloaded_sum *= factor
-            self.unloaded_weight *= factor
+            self.level_sums = [x * factor for x in self.level_sums]
+            self.level_weights = [x * factor for x in self.level_weights]
             self.residual_sq_sum *= factor
             self.residual_weight *= factor
             self.max_load *= factor
@@ -655,49 +677,54 @@ class LoadFit:
         self.samples += 1
         self.peak = max(self.peak, load * rate)
         self.max_load = max(self.max_load, load)
-        if load <= self.UNLOADED_LOAD:
-            self.unloaded_sum += rate
-            self.unloaded_weight += 1.0
-        self._derived = (self._slots(), self._spread())
+        level = _load_level(load, self.UNLOADED_LOAD, self.LEVELS)
+        self.level_sums[level] += rate
+        self.level_weights[level] += 1.0
+        light = self._light()
+        self._derived = (*light, self._slots(light), self._spread())
 
     def expected_rate(self, load: float) -> float | None:
-        """Rate one request is expected to get at ``load`` requests in flight (None: unknown): the unloaded
-        rate at a load of at most :data:`UNLOADED_LOAD`, capped by ``peak / load`` once the deployment has
-        been seen saturated (before that, a higher load says nothing either way)."""
-        if self.samples < self.MIN_SAMPLES or load <= 0 or self.unloaded_weight <= 0.5:
+        """Rate one request is expected to get at ``load`` requests in flight (None: unknown): the light-load
+        rate up to the top of its load level, capped by ``peak / load`` once the deployment has been seen
+        saturated (before that, a higher load says nothing either way)."""
+        rate, ceiling, slots, _ = self._derived
+        if rate is None or ceiling is None or load <= 0 or self.samples < self.MIN_SAMPLES:
             return None
-        saturated = self._derived[0] is not None
-        if not saturated and load > self.UNLOADED_LOAD:
-            return None  # busy, never seen slowed down by it: the window's own mean says most
-        expected = self.unloaded_sum / self.unloaded_weight
-        if saturated:
-            expected = min(expected, self.peak / load)
-        return expected
+        if slots is None:
+            if load > ceiling:
+                return None  # busy, never seen slowed down by it: the window's own mean says most
+            return rate
+        return min(rate, self.peak / load)
+
+    def _light(self) -> tuple[float | None, float | None]:
+        """(light-load rate, top of its load level), or (None, None) without a level of enough weight."""
+        for level, weight in enumerate(self.level_weights):
+            if weight > self.MIN_LEVEL_WEIGHT:
+                return self.level_sums[level] / weight, self.UNLOADED_LOAD * 2.0**level
+        return None, None
 
     def slots(self) -> float | None:
         """:meth:`_slots` as of the last sample (kept: it is read at every decision)."""
-        return self._derived[0]
+        return self._derived[2]
 
     def spread(self) -> float | None:
         """:meth:`_spread` as of the last sample."""
-        return self._derived[1]
+        return self._derived[3] if self.residual_weight >= self.MIN_SAMPLES else None
 
-    def _slots(self) -> float | None:
-        """Requests the deployment serves at full speed, ``peak / unloaded rate``, once it has been seen
+    def _slots(self, light: tuple[float | None, float | None]) -> float | None:
+        """Requests the deployment serves at full speed, ``peak / light-load rate``, once it has been seen
         saturated (busier than that, and slower for it); None while every load seen was served at about
         full speed (its capacity is then unknown, not small)."""
-        if self.samples < self.MIN_SAMPLES or self.unloaded_weight <= 0.5:
+        rate = light[0]
+        if self.samples < self.MIN_SAMPLES or rate is None or rate <= 0.0:
             return None
-        unloaded = self.unloaded_sum / self.unloaded_weight
-        if unloaded <= 0.0:
-            return None
-        slots = self.peak / unloaded
+        slots = self.peak / rate
         return slots if slots < SATURATION_EVIDENCE * self.max_load else None
 
-    def _spread(self) -> float | None:
-        """Root mean square distance of the samples from the prediction at their load (None: too few)."""
-        if self.residual_weight < self.MIN_SAMPLES:
-            return None
+    def _spread(self) -> float:
+        """Root mean square distance of the samples from the prediction at their load (0 before any)."""
+        if self.residual_weight <= 0.0:
+            return 0.0
         return math.sqrt(self.residual_sq_sum / self.residual_weight)
 
     def shift(self, load: float, mean_rate: float) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from litellm_ratebalance.routing import Candidate, routing_status
+from litellm_ratebalance.routing import Candidate, RateBalancer, routing_status
 from litellm_ratebalance.routing.estimator import LoadFit, RateAggregate, recency_weight
 from litellm_ratebalance.store import MemoryStore
 from tests.unit.routing_support import T0, Clock, candidates, feed, make_balancer, settings
@@ -281,3 +281,79 @@ async def test_several_late_requests_together_reveal_a_slowdown_that_one_does_no
     balancer.choose(G, AB)  # decisions run the detection
     assert ("a" in balancer._views[G].changed) is changed
     assert (balancer.estimates(G, AB)["a"].samples < 4) is changed  # a change forgets the samples before it
+
+
+def test_load_fit_of_a_deployment_never_seen_idle_still_learns_its_slots() -> None:
+    # Two slots at ~230 tok/s, but every sample met at least two other requests (loads 3..6): the lightest
+    # load level seen (above 2, up to 4) stands for the light-load rate, so the fit is not blank.
+    fit = LoadFit()
+    for t, (load, rate) in enumerate([(3.0, 133.0), (4.0, 100.0), (6.0, 66.7), (3.5, 114.0)]):
+        fit.add(float(t), load, rate, half_life_seconds=0.0)
+    light = (133.0 + 100.0 + 114.0) / 3
+    slots = fit.slots()
+    assert slots is not None and slots == pytest.approx(400.2 / light, rel=1e-3)
+    assert fit.expected_rate(3.0) == pytest.approx(light, rel=1e-3)
+    assert fit.expected_rate(8.0) == pytest.approx(400.2 / 8.0, rel=1e-3)  # peak over 8 requests
+
+
+def test_load_fit_without_saturation_says_nothing_above_its_lightest_level() -> None:
+    fit = LoadFit()
+    for t, load in enumerate([3.0, 4.0, 3.0, 6.0]):  # many slots: the same rate at every load
+        fit.add(float(t), load, 150.0, half_life_seconds=0.0)
+    assert fit.slots() is None
+    assert fit.expected_rate(3.5) == pytest.approx(150.0)
+    assert fit.expected_rate(6.0) is None  # busier than its lightest level and never seen slowed by it
+
+
+@pytest.mark.parametrize(("rate", "changed"), [(200.0, False), (40.0, True)])
+async def test_a_rate_its_load_explains_is_not_a_change(rate: float, changed: bool) -> None:
+    # a: two slots at 200 tok/s. Its recent samples all came at load 6 (~67 tok/s), so against its window
+    # alone an answer at 200 tok/s from an idle moment would look like a change; its load fit expects 200
+    # at load 1. An answer at 40 tok/s at load 1 is a change all the same.
+    balancer, clock = make_balancer(load_aware=True, change_detection_sigma=3.0, stall_latency_factor=0.0)
+    feed(balancer, G, "a", [66.0, 68.0, 67.0, 66.5, 67.5, 66.0], latency=1.0)
+    assert balancer._views[G].changed == {}
+    fit = balancer._view(G).loads["a"] = LoadFit()  # as if those samples had come at load 6
+    for load, sample in [(1.0, 200.0), (2.0, 195.0), (1.0, 205.0), (4.0, 100.0), (6.0, 66.7), (1.0, 198.0)] * 2:
+        fit.add(clock.now, load, sample, 0.0)
+    assert fit.spread() is not None
+    balancer.choose(G, (Candidate("a"),))  # alone at a: load 1
+    balancer.record(G, "a", latency=1.0, output_tokens=round(rate))
+    assert ("a" in balancer._views[G].changed) is changed
+
+
+def stuck_requests(count: int, wait: float) -> tuple[RateBalancer, float]:
+    """a (mean latency 1 s, stall cut-off 2 s) and b answer; then ``count`` requests sent to a get no answer
+    for ``wait`` seconds. Returns the balancer and a's share then."""
+    balancer, clock = make_balancer(
+        in_flight_evidence=True, stall_latency_factor=2.0, stall_min_seconds=0.1, failure_penalty=4.0
+    )
+    feed(balancer, G, "a", [100.0, 110.0, 90.0, 105.0, 95.0], latency=1.0)
+    feed(balancer, G, "b", [60.0, 66.0, 54.0, 63.0, 57.0], latency=1.0)
+    for _ in range(count):
+        balancer.choose(G, (Candidate("a"),))
+    clock.advance(wait)
+    return balancer, balancer.weights(G, AB)["a"]
+
+
+@pytest.mark.parametrize(
+    ("count", "wait", "stalled_as_a_whole"),
+    [
+        (1, 2.5, True),  # stuck past the stall cut-off with no answer since
+        (3, 1.2, True),  # three overdue together, no answer for a typical latency
+        (2, 1.2, False),  # two overdue: not enough to tell yet
+    ],
+)
+async def test_a_deployment_that_stopped_answering_loses_its_share(
+    count: int, wait: float, stalled_as_a_whole: bool
+) -> None:
+    _, share = stuck_requests(count, wait)
+    assert (share < 0.01) is stalled_as_a_whole, share
+
+
+async def test_an_answer_ends_a_whole_stall() -> None:
+    balancer, share = stuck_requests(1, 2.5)
+    assert share < 0.01
+    balancer.choose(G, (Candidate("a"),))
+    balancer.record(G, "a", latency=1.0, output_tokens=100)  # a answers again (another request of it)
+    assert balancer.weights(G, AB)["a"] > 0.2
