@@ -74,7 +74,10 @@ class RoutingSettings(SettingsModel):
     """A deployment's latest ``x-ratelimit-*`` headers are trusted this long (or until their reset time)."""
     stall_latency_factor: Annotated[float, Field(ge=0.0, le=1000.0)] = 2.0
     """A request in flight longer than this many times the deployment's mean latency (and at least
-    ``stall_min_seconds``) counts as a recent failure until it finishes. 0 disables stall detection."""
+    ``stall_min_seconds``) counts as a recent failure until it finishes. When no answer has come back from
+    the deployment here for that long with such a request out (or for its mean latency with 3 requests
+    overdue), it has stalled as a whole: all its recent attempts count as failed until it answers again.
+    0 disables stall detection."""
     stall_min_seconds: Annotated[float, Field(ge=0.1, le=3600.0)] = 5.0
     sample_half_life_seconds: Annotated[float, Field(ge=0.0, le=_WINDOW_LIMIT)] | None = None
     """Recency weighting inside the window: a bucket's samples count ``0.5 ** (age / half-life)`` in the
