@@ -918,6 +918,10 @@ class RateBalancer:
         whole_stall = (stalled > 0 and stall_limit is not None and last_answer < stall_limit) or (
             expected is not None and len(ages) >= _STALL_QUORUM and last_answer < now - expected[0]
         )
+        if whole_stall:
+            # (its overdue requests count as attempts too: its failure share is 1 even when nothing of it
+            # was recorded within the failure window)
+            attempts = state.recent_attempts + max(stalled, len(ages))
         new_state = DeploymentState(
             window=overdue if overdue is not None else state.window,
             recent_attempts=attempts,

@@ -357,3 +357,21 @@ async def test_an_answer_ends_a_whole_stall() -> None:
     balancer.choose(G, (Candidate("a"),))
     balancer.record(G, "a", latency=1.0, output_tokens=100)  # a answers again (another request of it)
     assert balancer.weights(G, AB)["a"] > 0.2
+
+
+async def test_a_whole_stall_counts_even_with_no_attempt_in_the_failure_window() -> None:
+    # a's answers are older than the failure window (nothing recorded recently), then three requests sent to it
+    # are overdue together with no answer: its failure share is 1 all the same.
+    balancer, clock = make_balancer(
+        in_flight_evidence=True, stall_latency_factor=2.0, stall_min_seconds=0.1, failure_window_seconds=5
+    )
+    feed(balancer, G, "a", [100.0, 110.0, 90.0, 105.0, 95.0], latency=1.0)
+    feed(balancer, G, "b", [60.0, 66.0, 54.0, 63.0, 57.0], latency=1.0)
+    await balancer.refresh(G)  # the samples reach the store now (write-behind: stored at sync time)
+    clock.advance(20.0)
+    await balancer.refresh(G)
+    assert balancer.estimates(G, AB)["a"].recent_attempts == 0
+    for _ in range(3):
+        balancer.choose(G, (Candidate("a"),))
+    clock.advance(1.2)
+    assert balancer.weights(G, AB)["a"] < 0.01
