@@ -908,20 +908,17 @@ class RateBalancer:
         unchanged = shift == 0.0 and spread is None and stalled == 0 and overdue is None and slots_left == 1.0
         if unchanged and state is cached.idle[index]:
             return None, None
-        attempts = state.recent_attempts + stalled
         # A stalled request is a failure happening now: full weight. The deployment as a whole has stalled,
         # and its recent attempts count as failed until it answers again, when no answer at all has come
         # back here while requests are stuck there (for as long as the stall cut-off), or while several are
         # overdue together (for a typical latency: each of them would have answered by then more often
-        # than not).
+        # than not). Its overdue requests then count as attempts too, so its failure share is 1 even when
+        # nothing of it was recorded within the failure window.
         last_answer = view.last_answer.get(deployment_id, float("-inf"))
         whole_stall = (stalled > 0 and stall_limit is not None and last_answer < stall_limit) or (
             expected is not None and len(ages) >= _STALL_QUORUM and last_answer < now - expected[0]
         )
-        if whole_stall:
-            # (its overdue requests count as attempts too: its failure share is 1 even when nothing of it
-            # was recorded within the failure window)
-            attempts = state.recent_attempts + max(stalled, len(ages))
+        attempts = state.recent_attempts + (max(stalled, len(ages)) if whole_stall else stalled)
         new_state = DeploymentState(
             window=overdue if overdue is not None else state.window,
             recent_attempts=attempts,

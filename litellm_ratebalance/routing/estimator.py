@@ -652,12 +652,8 @@ class LoadFit:
         self.residual_weight = 0.0
         self.max_load = 0.0
         self.last = float("-inf")
-        self._derived: tuple[float | None, float | None, float | None, float] = (None, None, None, 0.0)
-
-    @property
-    def unloaded_weight(self) -> float:
-        """Recency-weighted samples at the lightest load level (at most :data:`UNLOADED_LOAD`)."""
-        return self.level_weights[0]
+        self._derived: tuple[float | None, float | None, float | None, float | None] = (None, None, None, None)
+        """(light-load rate, top of its load level, slots, spread) as of the last sample."""
 
     def add(self, now: float, load: float, rate: float, half_life_seconds: float) -> None:
         if half_life_seconds > 0.0 and self.samples and now > self.last:
@@ -709,7 +705,7 @@ class LoadFit:
 
     def spread(self) -> float | None:
         """:meth:`_spread` as of the last sample."""
-        return self._derived[3] if self.residual_weight >= self.MIN_SAMPLES else None
+        return self._derived[3]
 
     def _slots(self, light: tuple[float | None, float | None]) -> float | None:
         """Requests the deployment serves at full speed, ``peak / light-load rate``, once it has been seen
@@ -721,10 +717,10 @@ class LoadFit:
         slots = self.peak / rate
         return slots if slots < SATURATION_EVIDENCE * self.max_load else None
 
-    def _spread(self) -> float:
-        """Root mean square distance of the samples from the prediction at their load (0 before any)."""
-        if self.residual_weight <= 0.0:
-            return 0.0
+    def _spread(self) -> float | None:
+        """Root mean square distance of the samples from the prediction at their load (None: too few)."""
+        if self.residual_weight < self.MIN_SAMPLES:
+            return None
         return math.sqrt(self.residual_sq_sum / self.residual_weight)
 
     def shift(self, load: float, mean_rate: float) -> float:
