@@ -7,8 +7,8 @@ Same samples in both, a window with few samples and one with very many. Printed 
 * ``ours choose, 4 in flight``: the same with four of its picks in flight at every decision (live load and
   in-flight evidence are worked into the shares);
 * ``ours filter hook``: RateBalancerCallback.async_filter_deployments with LiteLLM deployment dicts
-  (extracting the candidates, narrowing like the Router, choosing), awaited on an event loop; also with four
-  of its picks in flight;
+  (extracting the candidates, narrowing like the Router, working out the request's size from its
+  ``max_tokens`` and messages, choosing), awaited on an event loop; also with four of its picks in flight;
 * ``ours cache miss``: the first decision for a candidate set after a sync (shares computed once);
 * ``ours sync``: one refresh of the local view (embedded store; with Redis add one round trip), which
   happens at most once per refresh interval and model group, not per request;
@@ -63,6 +63,11 @@ async def per_await_us(fn: Callable[[], Awaitable[object]], min_calls: int = 200
         elapsed = time.perf_counter() - start
         if elapsed >= min_seconds:
             return elapsed / calls * 1e6
+
+
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "lorem ipsum " * 160}]
+REQUEST_KWARGS = {"max_tokens": 256}
+"""What the hook rows pass: a request with a ~500-token prompt and a max_tokens (so its size is worked out)."""
 
 
 async def build(samples_per_deployment: int) -> tuple[RateBalancer, ReferenceBalancer, float]:
@@ -124,7 +129,7 @@ async def main() -> int:
         callback = RateBalancerCallback(balancer=ours)
 
         async def hook_and_finish(cb: RateBalancerCallback = callback, ours: RateBalancer = ours) -> None:
-            picked = await cb.async_filter_deployments("g", deployments, None, {})
+            picked = await cb.async_filter_deployments("g", deployments, MESSAGES, REQUEST_KWARGS)
             ours.release("g", picked[0]["model_info"]["id"])
 
         hook_us = await per_await_us(hook_and_finish)
@@ -133,7 +138,7 @@ async def main() -> int:
         async def hook_while_busy(
             cb: RateBalancerCallback = callback, ours: RateBalancer = ours, hook_in_flight: list[str] = hook_in_flight
         ) -> None:
-            picked = await cb.async_filter_deployments("g", deployments, None, {})
+            picked = await cb.async_filter_deployments("g", deployments, MESSAGES, REQUEST_KWARGS)
             hook_in_flight.append(picked[0]["model_info"]["id"])
             if len(hook_in_flight) > 4:
                 ours.release("g", hook_in_flight.pop(0))

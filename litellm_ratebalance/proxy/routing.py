@@ -190,17 +190,49 @@ def _request_id(kwargs: Mapping[str, Any] | None) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+_CHARS_PER_TOKEN = 4.0
+"""Characters of prompt text per input token, for a request's size before it is tokenized (OpenAI's rule of
+thumb; the input part of a request's work is divided by the input-to-output ratio, so the error is small)."""
+
+
+def request_work(messages: object, request_kwargs: Mapping[str, Any] | None, ratio: float) -> float | None:
+    """The most a request can cost in work tokens, ``max_tokens + input_tokens / ratio``, the input counted
+    from the characters of its messages' text; None when it sets no positive ``max_tokens`` (or
+    ``max_completion_tokens``), since its output length is then unknown."""
+    if not request_kwargs:
+        return None
+    cap = request_kwargs.get("max_tokens")
+    if cap is None:
+        cap = request_kwargs.get("max_completion_tokens")
+    if type(cap) is not int or cap <= 0:
+        return None
+    chars = 0
+    if isinstance(messages, list):
+        for message in messages:
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    text = part.get("text") if isinstance(part, Mapping) else None
+                    if isinstance(text, str):
+                        chars += len(text)
+    return cap + chars / _CHARS_PER_TOKEN / ratio
+
+
 def _pick(
     balancer: RateBalancer,
     model: str,
     deployments: Sequence[Mapping[str, Any]],
     request_kwargs: Mapping[str, Any] | None = None,
+    messages: object = None,
 ) -> int | None:
     candidates = deployment_candidates(deployments)
     if candidates is None:
         return None
     model_group = _model_group(deployments, model)
-    index = balancer.choose(model_group, candidates, _request_id(request_kwargs))
+    work = request_work(messages, request_kwargs, balancer.settings.ratio_for(model_group, None))
+    index = balancer.choose(model_group, candidates, _request_id(request_kwargs), work=work)
     _export(balancer, model_group, candidates, index)
     return index
 
@@ -374,7 +406,7 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
             if not pool:
                 return healthy_deployments  # the Router raises its own "no deployments" error
             available = _backpressure_available(pool, request_kwargs)
-            index = _pick(self.balancer(), model, available, request_kwargs)
+            index = _pick(self.balancer(), model, available, request_kwargs, messages)
             return healthy_deployments if index is None else [available[index]]
         except Exception:
             _log_hook_error("async_filter_deployments")
@@ -487,7 +519,7 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
             return healthy  # a specific deployment was asked for
         try:
             pool = _backpressure_available(healthy, request_kwargs)
-            index = _pick(self.balancer(), model, pool, request_kwargs)
+            index = _pick(self.balancer(), model, pool, request_kwargs, messages)
             if index is not None:
                 return pool[index]  # type: ignore[no-any-return]
         except Exception:

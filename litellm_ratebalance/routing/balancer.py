@@ -37,6 +37,7 @@ from litellm_ratebalance.routing.estimator import (
     RateAggregate,
     RateLimitObservation,
     Shares,
+    SizeFit,
     compute_shares,
     effective_rate,
     headroom_multiplier,
@@ -70,9 +71,16 @@ _MAX_OVERDUE_SAMPLES = 32
 """In-flight requests per deployment turned into overdue samples at a decision (the oldest ones)."""
 
 
+_MAX_DUE_SCAN = 128
+"""In-flight requests per deployment looked at for being overdue at a decision (the oldest ones)."""
+
 _JOINT_EVIDENCE = 4
 """At most this many overdue requests of one deployment are taken together as evidence of a slowdown (more
 would let a deployment that is merely busy, all its requests a little slow, read as changed)."""
+
+_MIN_LOG_SPREAD = 0.1
+"""Least spread of ``log(latency / predicted)`` a change is measured against (10 %: no deployment is that
+regular, and a handful of residuals can look tighter than it is)."""
 
 _UNMEASURED_BOUND = 0.9
 """The rate bound of an overdue request at a deployment without successful samples of its own is capped at
@@ -150,8 +158,9 @@ class _Derived:
         """The same over every deployment's samples (for one without successful samples yet)."""
 
 
-class _InFlight(dict[object, tuple[float, int]]):
-    """This replica's requests in flight at one deployment, oldest first: key -> (start, load at start).
+class _InFlight(dict[object, tuple[float, int, float]]):
+    """This replica's requests in flight at one deployment, oldest first: key -> (start, load at start,
+    expected latency: seconds a request of its size takes there, or 0 when unknown).
 
     The key is the request's id when the caller knows it (LiteLLM's ``litellm_trace_id``), so a finished
     request removes its own entry; picks without an id get a private key and a finish without a known id
@@ -163,15 +172,16 @@ class _InFlight(dict[object, tuple[float, int]]):
 
     _anonymous = itertools.count()
 
-    def add(self, now: float, request_id: str | None) -> None:
+    def add(self, now: float, request_id: str | None, expected_latency: float = 0.0) -> None:
         if len(self) >= _MAX_IN_FLIGHT:
             del self[next(iter(self))]
         key: object = request_id if request_id is not None else next(self._anonymous)
         self.pop(key, None)  # the same request again (a retry here): it starts anew
-        self[key] = (now, len(self) + 1)
+        self[key] = (now, len(self) + 1, expected_latency)
 
-    def take(self, request_id: str | None) -> tuple[float, int] | None:
-        """Remove the request's entry (the oldest when its id is unknown); its (start, load at start)."""
+    def take(self, request_id: str | None) -> tuple[float, int, float] | None:
+        """Remove the request's entry (the oldest when its id is unknown); its (start, load at start, expected
+        latency)."""
         if request_id is not None:
             found = self.pop(request_id, None)
             if found is not None:
@@ -181,7 +191,7 @@ class _InFlight(dict[object, tuple[float, int]]):
         return self.pop(next(iter(self)))
 
     def oldest(self) -> float | None:
-        for start, _ in self.values():
+        for start, _, _ in self.values():
             return start
         return None
 
@@ -218,6 +228,7 @@ class _GroupView:
         "cutoff_ms",
         "derived",
         "dirty_at",
+        "earliest_due",
         "in_flight",
         "last_answer",
         "last_attempt",
@@ -231,6 +242,7 @@ class _GroupView:
         "probed_at",
         "probes",
         "ratios",
+        "sizes",
         "syncing",
         "wasted",
     )
@@ -262,11 +274,16 @@ class _GroupView:
         self.last_answer: dict[str, float] = {}
         """Per deployment: local time at which the last successful answer of its requests here came back."""
         self.probes: set[str] = set()
+        """Deployments to send one request each, to re-measure them after another one changed."""
         self.probed_at = float("-inf")
         """Local time of the last round of re-measuring probes."""
-        """Deployments to send one request each, to re-measure them after another one changed."""
         self.loads: dict[str, LoadFit] = {}
         """Per deployment: this replica's fit of rate against load (``load_aware``)."""
+        self.sizes: dict[str, SizeFit] = {}
+        """Per deployment: this replica's fit of latency against request size (``in_flight_evidence``)."""
+        self.earliest_due: dict[str, float] = {}
+        """Per deployment: local time at or after which one of its requests in flight here, of known size, is
+        overdue for its size (no later than the true earliest: entries that left are not taken out)."""
         self.credits: dict[str, float] = {}
         """Per deployment: smooth weighted round-robin credit (``selection: smooth``), in decisions."""
         self.derived = _Derived()
@@ -325,12 +342,23 @@ class RateBalancer:
         # How a deployment's rate depends on its load is a property of its capacity, which changes slower than
         # its rate: the fit fades over a whole window.
         self._load_half_life = float(s.window_seconds)
+        # How latency grows with a request's size changes with its rate: the fit fades like the samples.
+        self._size_half_life = self._change_cooldown
 
     # -- request path ---------------------------------------------------------------------------------
-    def choose(self, model_group: str, candidates: Sequence[Candidate], request_id: str | None = None) -> int:
+    def choose(
+        self,
+        model_group: str,
+        candidates: Sequence[Candidate],
+        request_id: str | None = None,
+        *,
+        work: float | None = None,
+    ) -> int:
         """Index in ``candidates`` of the deployment to use; the pick is counted as in flight until
         :meth:`record` (or :meth:`release`) is called for that deployment, with the same ``request_id`` when
-        one is given. Never awaits, never touches the store."""
+        one is given. ``work``: the most the request can cost, ``max_tokens + input_tokens / ratio`` tokens,
+        when the caller knows its ``max_tokens`` (its latency is then judged against requests of its size while
+        it is in flight). Never awaits, never touches the store."""
         n = len(candidates)
         if n == 0:
             raise ValueError("choose() needs at least one candidate")
@@ -363,7 +391,19 @@ class RateBalancer:
             queue = view.in_flight.get(chosen.id)
             if queue is None:
                 queue = view.in_flight[chosen.id] = _InFlight()
-            queue.add(now, request_id)
+            expected_latency = 0.0
+            if work is not None and work > 0.0:
+                size_fit = view.sizes.get(chosen.id)
+                if size_fit is not None:
+                    at_light_load = size_fit.expected_latency(work)
+                    if at_light_load is not None:
+                        expected_latency = at_light_load * self._slowdown(view, chosen.id, len(queue) + 1.0)
+            if expected_latency > 0.0:
+                due = now + expected_latency
+                earliest = view.earliest_due.get(chosen.id)
+                if not queue or earliest is None or due < earliest:
+                    view.earliest_due[chosen.id] = due
+            queue.add(now, request_id, expected_latency)
         return index
 
     def record(
@@ -396,6 +436,7 @@ class RateBalancer:
         load = (entry[1] + load_now) / 2.0 if entry is not None else float(load_now)
         ratio = self.settings.ratio_for(model_group, input_to_output_ratio or view.ratios.get(deployment_id))
         rate = effective_rate(output_tokens, input_tokens, latency, ratio) if ok else 0.0
+        work = output_tokens + input_tokens / ratio
         sample = RateAggregate()
         sample.add(rate, ok=ok, latency=latency, tokens=input_tokens + output_tokens, ttft=ttft)
         aggregate = view.pending.get(deployment_id)
@@ -405,11 +446,17 @@ class RateBalancer:
             aggregate.merge(sample)
         if ok:
             view.last_answer[deployment_id] = now
-        if ok and self._change_sigma > 0 and self._surprising(view, deployment_id, rate, load):
+        if ok and self._change_sigma > 0 and self._surprising(view, deployment_id, rate, load, work, latency):
             self._changed(view, deployment_id, now, now - latency)
         # The local view sees its own sample at once (the shared one at the next sync): a deployment has
         # samples as soon as one of its requests finished here, and a failure counts from this moment.
         self._add_local(view, deployment_id, sample)
+        if ok and self.settings.in_flight_evidence and rate > 0.0:
+            size_fit = view.sizes.get(deployment_id)
+            if size_fit is None:
+                size_fit = view.sizes[deployment_id] = SizeFit()
+            # Fitted at light load: the part of the latency the load explains is taken out.
+            size_fit.add(now, work, latency / self._slowdown(view, deployment_id, load), self._size_half_life)
         if ok and self.settings.load_aware and rate > 0.0:
             fit = view.loads.get(deployment_id)
             if fit is None:
@@ -795,8 +842,10 @@ class RateBalancer:
         flight are worked out again, so a decision costs O(candidates) dictionary reads plus this.
 
         Per candidate: requests in flight longer than ``stall_after`` count as failures happening now
-        (stall detection); with ``in_flight_evidence`` each request in flight longer than the deployment's
-        mean latency is a sample of rate ``mean work / age`` (the most it can still achieve); with
+        (stall detection); with ``in_flight_evidence`` each request in flight longer than it was expected
+        to take (a request of its size there, when its size is known; else the deployment's mean latency) is
+        a sample of rate ``mean rate / lateness``, ``lateness = age / expected latency`` (the most it can
+        still achieve); with
         ``load_aware`` the estimate moves to the current load (:class:`LoadFit`). O(candidates) plus at most
         :data:`_MAX_OVERDUE_SAMPLES` requests per candidate.
 
@@ -821,7 +870,7 @@ class RateBalancer:
             stall_limit = now - derived.stall_after.get(c.id, default_stall) if stall_on else None
             expected = (derived.expected.get(c.id) or derived.pooled_expected) if evidence_on else None
             timed = (stall_limit is not None and oldest <= stall_limit) or (
-                expected is not None and oldest < now - expected[0]
+                expected is not None and (oldest < now - expected[0] or view.earliest_due.get(c.id, math.inf) <= now)
             )
             if timed:
                 state_at_load, weight = self._evidence_state(
@@ -873,26 +922,40 @@ class RateBalancer:
         )
         stalled = 0
         if stall_limit is not None and oldest <= stall_limit:
-            for started, _ in queue.values():
+            for started, _, _ in queue.values():
                 if started > stall_limit or stalled >= _MAX_STALL_SCAN:
                     break
                 stalled += 1
         overdue: RateAggregate | None = None
-        ages: list[float] = []
-        if expected is not None and oldest < now - expected[0]:
+        # (lateness, age, whether its size was known) of each overdue request: lateness = age / the latency it
+        # was expected to take (one of its size when known, else the deployment's mean latency).
+        late: list[tuple[float, float, bool]] = []
+        if expected is not None:
             latency, work = expected
-            for started, _ in queue.values():  # oldest first
-                age = now - started
-                if age <= latency or len(ages) >= _MAX_OVERDUE_SAMPLES:
+            earliest_due = math.inf
+            mean_rate = work / latency
+            for scanned, (started, _, own_latency) in enumerate(queue.values()):  # oldest first
+                if scanned >= _MAX_DUE_SCAN:
                     break
-                ages.append(age)
+                sized = own_latency > 0.0
+                due_after = own_latency if sized else latency
+                age = now - started
+                if age > due_after:
+                    if len(late) < _MAX_OVERDUE_SAMPLES:
+                        late.append((age / due_after, age, sized))
+                elif own_latency > 0.0 and started + own_latency < earliest_due:
+                    earliest_due = started + own_latency
+            view.earliest_due[deployment_id] = earliest_due
+        if late:
+            late.sort(reverse=True)  # the latest first
             evidence = (
-                self._slowdown_evidence(view, deployment_id, [work / age for age in ages[:_JOINT_EVIDENCE]])
+                self._slowdown_evidence(view, deployment_id, late[:_JOINT_EVIDENCE], mean_rate, now)
                 if detect and self._change_sigma > 0
                 else None
             )
-            # Its oldest requests are far slower than its samples: changed since the oldest one left.
-            if evidence is not None and self._changed(view, deployment_id, now, oldest, evidence):
+            # Its latest requests are far slower than its samples: changed before the first of them was due
+            # (the samples that finished since then are of the new regime, or straddle it).
+            if evidence is not None and self._changed(view, deployment_id, now, evidence[1], evidence[0]):
                 state_window = derived.window.get(deployment_id) or RateAggregate()
             else:
                 state_window = state.window
@@ -900,8 +963,9 @@ class RateBalancer:
             # Without a successful sample of its own the bound comes from the group's typical work: an upper
             # bound, not a measurement, so it is not taken to beat the SLA before an answer does.
             ceiling = _UNMEASURED_BOUND * sla if sla is not None and deployment_id not in derived.expected else None
-            for age in ages:
-                bound = work / age
+            for lateness, age, _ in late:
+                # The most it can still achieve: the typical rate, slowed by how late it is already.
+                bound = mean_rate / lateness
                 if ceiling is not None and bound > ceiling:
                     bound = ceiling
                 overdue.add(bound, latency=age)
@@ -916,9 +980,9 @@ class RateBalancer:
         # nothing of it was recorded within the failure window.
         last_answer = view.last_answer.get(deployment_id, float("-inf"))
         whole_stall = (stalled > 0 and stall_limit is not None and last_answer < stall_limit) or (
-            expected is not None and len(ages) >= _STALL_QUORUM and last_answer < now - expected[0]
+            expected is not None and len(late) >= _STALL_QUORUM and last_answer < now - expected[0]
         )
-        attempts = state.recent_attempts + (max(stalled, len(ages)) if whole_stall else stalled)
+        attempts = state.recent_attempts + (max(stalled, len(late)) if whole_stall else stalled)
         new_state = DeploymentState(
             window=overdue if overdue is not None else state.window,
             recent_attempts=attempts,
@@ -938,6 +1002,11 @@ class RateBalancer:
                 prior_samples=s.prior_samples,
             )
         return new_state, weight
+
+    def _slowdown(self, view: _GroupView, deployment_id: str, load: float) -> float:
+        """:meth:`LoadFit.slowdown` of the deployment at ``load`` (1 without a load fit)."""
+        fit = view.loads.get(deployment_id) if self.settings.load_aware else None
+        return 1.0 if fit is None else fit.slowdown(load)
 
     def _load_shift(self, view: _GroupView, deployment_id: str) -> float:
         fit = view.loads.get(deployment_id) if self.settings.load_aware else None
@@ -1007,11 +1076,24 @@ class RateBalancer:
         return headroom_multiplier(min(fractions), headroom) if fractions else 1.0
 
     # -- change detection -----------------------------------------------------------------------------
-    def _surprising(self, view: _GroupView, deployment_id: str, rate: float, load: float) -> bool:
-        """Whether a finished request's rate, taken at ``load`` requests in flight, is far outside what the
-        deployment was expected to give: ``change_detection_sigma`` spreads from its load fit's rate at that
-        load when the fit knows one (so a deployment slowed or sped up by its own load has not changed),
-        else from its recency-weighted window (see :func:`_change_scale`)."""
+    def _surprising(
+        self, view: _GroupView, deployment_id: str, rate: float, load: float, work: float, latency: float
+    ) -> bool:
+        """Whether a finished request of ``work`` tokens that took ``latency`` seconds at ``load`` requests in
+        flight is far outside what the deployment was expected to give. Judged, in this order, by the first
+        that knows its spread: its size fit (``log(latency / predicted)`` beyond ``change_detection_sigma``
+        spreads, the prediction for a request of that size, slowed by what the load fit says the load
+        costs), its load fit (the rate at that load), its recency-weighted window (see
+        :func:`_change_scale`). So a short answer that is slow only for being short, or a deployment slowed
+        or sped up by its own load, has not changed."""
+        size_fit = view.sizes.get(deployment_id)
+        if size_fit is not None and work > 0.0 and latency > 0.0:
+            predicted = size_fit.expected_latency(work)
+            size_spread = size_fit.spread()
+            if predicted is not None and size_spread is not None:
+                predicted *= self._slowdown(view, deployment_id, load)
+                cut = self._change_sigma * max(size_spread, _MIN_LOG_SPREAD)
+                return abs(math.log(latency / predicted)) > cut
         fit = view.loads.get(deployment_id) if self.settings.load_aware else None
         if fit is not None:
             expected = fit.expected_rate(load)
@@ -1021,25 +1103,61 @@ class RateBalancer:
         scale = _change_scale(view, deployment_id)
         return scale is not None and abs(rate - scale[0]) > self._change_sigma * scale[1]
 
-    def _slowdown_evidence(self, view: _GroupView, deployment_id: str, bounds: Sequence[float]) -> float | None:
-        """The mean of the ``m`` smallest rate bounds of overdue requests (``bounds``: ascending) when, for
-        some ``m``, it lies ``change_detection_sigma`` standard errors (``spread / sqrt(m)``, see
-        :func:`_change_scale`) below the deployment's window mean; else ``None``.
+    def _slowdown_evidence(
+        self,
+        view: _GroupView,
+        deployment_id: str,
+        late: Sequence[tuple[float, float, bool]],
+        mean_rate: float,
+        now: float,
+    ) -> tuple[float, float] | None:
+        """(rate bound standing for the deployment, local time at which the first of them was due) when its
+        ``m`` latest overdue requests (``late``: (lateness, age, size known), the latest first; lateness = age
+        / expected latency) show, for some ``m``, that it has slowed down; else ``None``.
+
+        Requests of known size were expected to take what one of their size takes there (:class:`SizeFit`):
+        once the fit knows its spread, the mean of the ``m`` largest ``log(lateness)`` among them must exceed
+        ``change_detection_sigma`` times that spread (at least :data:`_MIN_LOG_SPREAD`) over ``sqrt(m)``.
+        Failing that, over all of them, the mean of the ``m`` smallest rate bounds ``mean_rate / lateness``
+        must lie ``change_detection_sigma`` standard errors (``spread / sqrt(m)``, see :func:`_change_scale`)
+        below the deployment's window mean. The bound returned is ``mean_rate`` over the mean lateness of the
+        ``m`` requests.
 
         One request must be ``sigma`` spreads slow to count; ``m`` slow requests together need only
         ``sigma / sqrt(m)`` each, as for the mean of ``m`` samples. A deployment that slowed down has several
         requests in flight when its first answer is still due, so this can see the change once they are
-        ``sigma / sqrt(m)`` spreads slow instead of ``sigma``. The bounds are upper
-        bounds (the most each request can still achieve), so their mean errs on the side of no change."""
-        scale = _change_scale(view, deployment_id) if bounds else None
+        ``sigma / sqrt(m)`` spreads slow instead of ``sigma``. An overdue request's lateness is a lower bound
+        of the one it will have, so the test errs on the side of no change."""
+        if not late:
+            return None
+        size_fit = view.sizes.get(deployment_id)
+        size_spread = size_fit.spread() if size_fit is not None else None
+        if size_spread is not None:
+            cut = self._change_sigma * max(size_spread, _MIN_LOG_SPREAD)
+            log_total = 0.0
+            lateness_total = 0.0
+            first_due = now
+            m = 0
+            for lateness, age, sized in late:
+                if not sized:
+                    continue
+                m += 1
+                log_total += math.log(lateness)
+                lateness_total += lateness
+                first_due = min(first_due, now - age + age / lateness)
+                if log_total / m > cut / math.sqrt(m):
+                    return mean_rate * m / lateness_total, first_due
+        scale = _change_scale(view, deployment_id)
         if scale is None:
             return None
         mean, spread = scale
         total = 0.0
-        for m, bound in enumerate(bounds, start=1):
-            total += bound
+        first_due = now
+        for m, (lateness, age, _) in enumerate(late, start=1):
+            total += mean_rate / lateness
+            first_due = min(first_due, now - age + age / lateness)
             if mean - total / m > self._change_sigma * spread / math.sqrt(m):
-                return total / m
+                return total / m, first_due
         return None
 
     def _changed(
@@ -1057,7 +1175,8 @@ class RateBalancer:
         derived = view.derived
         for target in (derived.window_full, derived.window):
             target.pop(deployment_id, None)
-        view.loads.pop(deployment_id, None)  # its load fit mixes both regimes too
+        view.loads.pop(deployment_id, None)  # its load and size fits mix both regimes too
+        view.sizes.pop(deployment_id, None)
         if evidence is not None:
             # The rate bound that revealed the change stands for the deployment until a sample from after
             # the change arrives (with no sample at all it would put its whole group back into bootstrap).

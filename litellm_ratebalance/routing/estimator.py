@@ -52,6 +52,7 @@ __all__ = [
     "RateAggregate",
     "RateLimitObservation",
     "Shares",
+    "SizeFit",
     "bin_bounds",
     "bin_index",
     "compute_shares",
@@ -692,6 +693,15 @@ class LoadFit:
             return rate
         return min(rate, self.peak / load)
 
+    def slowdown(self, load: float) -> float:
+        """How many times longer a request takes at ``load`` than at light load: ``light-load rate /
+        expected_rate(load)``, at least 1; 1 when the fit does not know."""
+        light = self._derived[0]
+        expected = self.expected_rate(load)
+        if light is None or expected is None or expected <= 0.0 or expected >= light:
+            return 1.0
+        return light / expected
+
     def _light(self) -> tuple[float | None, float | None]:
         """(light-load rate, top of its load level), or (None, None) without a level of enough weight."""
         for level, weight in enumerate(self.level_weights):
@@ -731,3 +741,101 @@ class LoadFit:
         if expected is None:
             return 0.0
         return expected - mean_rate
+
+
+class SizeFit:
+    """How a deployment's latency grows with the size of a request, from its successful samples.
+
+    A request's **work** is what its effective rate divides by its latency: ``output + input / ratio`` tokens.
+    The fit is the recency-weighted least-squares line ``latency = base + per_token * work`` (times are
+    explicit, no clock; samples fade with ``half_life_seconds``). With it, one request's latency is judged
+    against what a request of its own size takes there, not against the deployment's mean rate: a short
+    answer pays the fixed part of the latency on few tokens, so its rate is low without anything being wrong,
+    and the spread of the rates mixes that in. :meth:`spread` is the root mean square of
+    ``log(latency / predicted)`` over the samples, each against the prediction made before it was added.
+    """
+
+    __slots__ = (
+        "_line",
+        "cross_sum",
+        "last",
+        "latency_sum",
+        "residual_sq_sum",
+        "residual_weight",
+        "weight",
+        "work_sq_sum",
+        "work_sum",
+    )
+
+    MIN_SAMPLES = 3
+    """Samples (recency-weighted) before the fit predicts anything."""
+    MIN_WORK_SPREAD = 0.1
+    """Relative spread of the works below which the line's slope is not trusted (the line then goes through
+    the origin and the mean: latency proportional to work)."""
+
+    def __init__(self) -> None:
+        self.weight = 0.0
+        self.work_sum = 0.0
+        self.work_sq_sum = 0.0
+        self.latency_sum = 0.0
+        self.cross_sum = 0.0
+        self.residual_sq_sum = 0.0
+        self.residual_weight = 0.0
+        self.last = float("-inf")
+        self._line: tuple[float, float] | None = None
+        """(base seconds, seconds per unit of work) as of the last sample."""
+
+    def add(self, now: float, work: float, latency: float, half_life_seconds: float) -> None:
+        """Add one successful request of ``work`` tokens that took ``latency`` seconds (ignored unless both
+        are positive)."""
+        if not (work > 0.0 and latency > 0.0):
+            return
+        if half_life_seconds > 0.0 and self.weight > 0.0 and now > self.last:
+            factor = 0.5 ** ((now - self.last) / half_life_seconds)
+            self.weight *= factor
+            self.work_sum *= factor
+            self.work_sq_sum *= factor
+            self.latency_sum *= factor
+            self.cross_sum *= factor
+            self.residual_sq_sum *= factor
+            self.residual_weight *= factor
+        predicted = self.expected_latency(work)
+        if predicted is not None:
+            self.residual_sq_sum += math.log(latency / predicted) ** 2
+            self.residual_weight += 1.0
+        self.last = max(self.last, now)
+        self.weight += 1.0
+        self.work_sum += work
+        self.work_sq_sum += work * work
+        self.latency_sum += latency
+        self.cross_sum += work * latency
+        self._line = self._fit()
+
+    def _fit(self) -> tuple[float, float] | None:
+        weight = self.weight
+        if weight < self.MIN_SAMPLES:
+            return None
+        mean_work = self.work_sum / weight
+        mean_latency = self.latency_sum / weight
+        variance = self.work_sq_sum / weight - mean_work * mean_work
+        if variance > (self.MIN_WORK_SPREAD * mean_work) ** 2:
+            slope = (self.cross_sum / weight - mean_work * mean_latency) / variance
+            base = mean_latency - slope * mean_work
+            if slope > 0.0 and base >= 0.0:
+                return base, slope
+        # Too little spread in size to tell a fixed part, or a line that would make some sizes free or
+        # negative: latency proportional to work.
+        return 0.0, mean_latency / mean_work
+
+    def expected_latency(self, work: float) -> float | None:
+        """Seconds a request of ``work`` tokens is expected to take (None: too few samples)."""
+        line = self._line
+        if line is None:
+            return None
+        return line[0] + line[1] * work
+
+    def spread(self) -> float | None:
+        """Root mean square of ``log(latency / predicted)`` (None: too few residuals yet)."""
+        if self.residual_weight < self.MIN_SAMPLES:
+            return None
+        return math.sqrt(self.residual_sq_sum / self.residual_weight)

@@ -103,6 +103,21 @@ async def test_filter_narrows_to_one_weighted_pick() -> None:
     assert sum(p[0]["model_info"]["id"] == "a" for p in picks) >= 45
 
 
+async def test_filter_passes_the_requests_size_to_the_balancer() -> None:
+    balancer, _ = make_balancer(in_flight_evidence=True)
+    for work in (20, 200, 60, 140, 100, 180):  # both: 0.1 s + 100 tok/s, whichever is picked
+        for deployment_id in ("a", "b"):
+            balancer.record("g", deployment_id, latency=0.1 + work / 100.0, output_tokens=work)
+    callback = RateBalancerCallback(balancer=balancer)
+    healthy = [deployment("a"), deployment("b")]
+    messages = [{"role": "user", "content": "x" * 4000}]  # 1000 tokens: 4 work tokens at ratio 250
+    for kwargs in ({"max_tokens": 46, "litellm_trace_id": "sized"}, {"litellm_trace_id": "unsized"}):
+        await callback.async_filter_deployments("g", healthy, messages, request_kwargs=kwargs)
+    entries = {key: entry for queue in balancer._views["g"].in_flight.values() for key, entry in queue.items()}
+    assert entries["sized"][2] == pytest.approx(0.1 + 50 / 100.0)  # what a 50-token request takes there
+    assert entries["unsized"][2] == 0.0  # no max_tokens: its size is unknown
+
+
 async def test_filter_keeps_fanout_lookups_and_single_deployments() -> None:
     balancer, _ = make_balancer()
     callback = RateBalancerCallback(balancer=balancer)
