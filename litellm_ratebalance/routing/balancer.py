@@ -160,7 +160,7 @@ class _Derived:
 
 class _InFlight(dict[object, tuple[float, int, float]]):
     """This replica's requests in flight at one deployment, oldest first: key -> (start, load at start,
-    expected latency: seconds a request of its size takes there, or 0 when unknown).
+    expected latency: seconds a request of its size takes there at light load, or 0 when unknown).
 
     The key is the request's id when the caller knows it (LiteLLM's ``litellm_trace_id``), so a finished
     request removes its own entry; picks without an id get a private key and a finish without a known id
@@ -282,8 +282,9 @@ class _GroupView:
         self.sizes: dict[str, SizeFit] = {}
         """Per deployment: this replica's fit of latency against request size (``in_flight_evidence``)."""
         self.earliest_due: dict[str, float] = {}
-        """Per deployment: local time at or after which one of its requests in flight here, of known size, is
-        overdue for its size (no later than the true earliest: entries that left are not taken out)."""
+        """Per deployment: local time at or after which one of its requests in flight here, of known size, may
+        be overdue for its size (no later than the true earliest: its light-load latency is used, and entries
+        that left are not taken out)."""
         self.credits: dict[str, float] = {}
         """Per deployment: smooth weighted round-robin credit (``selection: smooth``), in decisions."""
         self.derived = _Derived()
@@ -395,9 +396,7 @@ class RateBalancer:
             if work is not None and work > 0.0:
                 size_fit = view.sizes.get(chosen.id)
                 if size_fit is not None:
-                    at_light_load = size_fit.expected_latency(work)
-                    if at_light_load is not None:
-                        expected_latency = at_light_load * self._slowdown(view, chosen.id, len(queue) + 1.0)
+                    expected_latency = size_fit.expected_latency(work) or 0.0
             if expected_latency > 0.0:
                 due = now + expected_latency
                 earliest = view.earliest_due.get(chosen.id)
@@ -934,17 +933,22 @@ class RateBalancer:
             latency, work = expected
             earliest_due = math.inf
             mean_rate = work / latency
-            for scanned, (started, _, own_latency) in enumerate(queue.values()):  # oldest first
+            # A request of known size is expected to take its light-load latency times what the load costs
+            # now (the load may have grown since it started: judging it by the load it met would read a
+            # deployment filling up its slots as one that slowed down).
+            slowdown = self._slowdown(view, deployment_id, float(len(queue)))
+            for scanned, (started, _, light_latency) in enumerate(queue.values()):  # oldest first
                 if scanned >= _MAX_DUE_SCAN:
                     break
-                sized = own_latency > 0.0
+                sized = light_latency > 0.0
+                own_latency = light_latency * slowdown
                 due_after = own_latency if sized else latency
                 age = now - started
                 if age > due_after:
                     if len(late) < _MAX_OVERDUE_SAMPLES:
                         late.append((age / due_after, age, sized))
-                elif own_latency > 0.0 and started + own_latency < earliest_due:
-                    earliest_due = started + own_latency
+                elif sized and started + light_latency < earliest_due:
+                    earliest_due = started + light_latency  # (no later than its due time at any load)
             view.earliest_due[deployment_id] = earliest_due
         if late:
             late.sort(reverse=True)  # the latest first

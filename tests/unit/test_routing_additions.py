@@ -503,3 +503,32 @@ async def test_a_latency_its_load_explains_is_not_a_change_for_its_size(load_awa
         balancer.choose(G, (Candidate("a"),), work=100.0)
     balancer.record(G, "a", latency=0.6 * slowdown, output_tokens=100)
     assert ("a" in view.changed) is changed
+
+
+def two_slot_load_fit(fit: LoadFit | None = None) -> LoadFit:
+    """About 200 tok/s at light load (199.5, the mean at loads <= 2) and two slots: peak 400.2 tok/s."""
+    fit = fit or LoadFit()
+    for load, sample in [(1.0, 200.0), (2.0, 195.0), (1.0, 205.0), (4.0, 100.0), (6.0, 66.7), (1.0, 198.0)] * 2:
+        fit.add(T0, load, sample, 0.0)
+    return fit
+
+
+@pytest.mark.parametrize(("wait", "changed"), [(1.2, False), (4.0, True)])
+async def test_a_request_in_flight_is_judged_at_the_load_it_meets_now(wait: float, changed: bool) -> None:
+    # a: 0.1 s + 200 tok/s at light load, two slots. Six 100-token requests go out together (0.6 s each at
+    # light load); at six in flight each takes three times as long (1.8 s), so 1.2 s in flight is not late
+    # even for the first two, which met a light load when they started. 4 s is.
+    balancer, clock = make_balancer(
+        load_aware=True, in_flight_evidence=True, change_detection_sigma=3.0, stall_latency_factor=0.0
+    )
+    for work in [20, 200, 60, 140, 100, 180, 40, 120]:
+        balancer.record(G, "a", latency=0.1 + work / 200.0, output_tokens=work)
+        balancer.record(G, "b", latency=1.0, output_tokens=80)
+    await balancer.refresh(G)
+    view = balancer._view(G)
+    view.loads["a"] = two_slot_load_fit()
+    for _ in range(6):
+        balancer.choose(G, (Candidate("a"),), work=100.0)
+    clock.advance(wait)
+    balancer.choose(G, AB)  # decisions run the detection
+    assert ("a" in view.changed) is changed
