@@ -85,10 +85,12 @@ class RoutingSettings(SettingsModel):
     samples instead of waiting for the old ones to leave the window. Default: ``window_seconds / 4``
     (30 s for the default window); 0: every sample in the window counts fully (the proposal)."""
     in_flight_evidence: bool = True
-    """A request in flight longer than its deployment's mean latency counts, until it finishes, as a sample
-    of rate ``typical work / age`` (an upper bound of its rate): a slowed-down or stalled deployment loses
+    """A request in flight longer than it was expected to take (what a request of its size takes there,
+    when it sets ``max_tokens``; else its deployment's mean latency) counts, until it finishes, as a sample
+    of rate ``mean rate / lateness`` (an upper bound of its rate): a slowed-down or stalled deployment loses
     share before its slow answers arrive, and a deployment whose first requests are still running counts
-    as having samples (bootstrap ends sooner)."""
+    as having samples (bootstrap ends sooner). Also turns on the fit of latency against request size that
+    change detection judges answers by."""
     load_aware: bool = True
     """Fit each deployment's rate against its load (this replica's requests in flight) and correct the
     estimate at the current load (:class:`~litellm_ratebalance.routing.estimator.LoadFit`): a deployment
