@@ -35,6 +35,7 @@ from litellm_ratebalance import metrics
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.identity import metadata_value
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
+from litellm_ratebalance.proxy.tokens import message_text_chars, requested_output_tokens
 from litellm_ratebalance.routing.balancer import Candidate, RateBalancer
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import RateLimitObservation, parse_reset_seconds
@@ -190,34 +191,23 @@ def _request_id(kwargs: Mapping[str, Any] | None) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+_NO_CEILING = 2**62
 _CHARS_PER_TOKEN = 4.0
 """Characters of prompt text per input token, for a request's size before it is tokenized (OpenAI's rule of
 thumb; the input part of a request's work is divided by the input-to-output ratio, so the error is small)."""
 
 
 def request_work(messages: object, request_kwargs: Mapping[str, Any] | None, ratio: float) -> float | None:
-    """The most a request can cost in work tokens, ``max_tokens + input_tokens / ratio``, the input counted
-    from the characters of its messages' text; None when it sets no positive ``max_tokens`` (or
-    ``max_completion_tokens``), since its output length is then unknown."""
+    """The most a request can cost in work tokens, ``max_tokens + input_tokens / ratio``: its output-token
+    limit as the admission reservation reads it (:func:`requested_output_tokens`), the input counted from the
+    characters of its messages' text; None when it sets no positive limit, since its output length is then
+    unknown."""
     if not request_kwargs:
         return None
-    cap = request_kwargs.get("max_tokens")
-    if cap is None:
-        cap = request_kwargs.get("max_completion_tokens")
-    if type(cap) is not int or cap <= 0:
+    cap = requested_output_tokens(request_kwargs, default=0, ceiling=_NO_CEILING)
+    if cap <= 0:
         return None
-    chars = 0
-    if isinstance(messages, list):
-        for message in messages:
-            content = message.get("content") if isinstance(message, Mapping) else None
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                for part in content:
-                    text = part.get("text") if isinstance(part, Mapping) else None
-                    if isinstance(text, str):
-                        chars += len(text)
-    return cap + chars / _CHARS_PER_TOKEN / ratio
+    return cap + message_text_chars(messages) / _CHARS_PER_TOKEN / ratio
 
 
 def _pick(

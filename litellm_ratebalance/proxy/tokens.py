@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
-__all__ = ["estimate_tokens", "requested_output_tokens"]
+__all__ = ["estimate_tokens", "message_text_chars", "requested_output_tokens"]
 
 logger = logging.getLogger("litellm_ratebalance")
 
@@ -26,6 +26,23 @@ def requested_output_tokens(data: Mapping[str, Any], default: int, ceiling: int)
         if isinstance(value, int) and value >= 0:
             return min(value, ceiling)
     return min(default, ceiling)
+
+
+def message_text_chars(messages: object) -> int:
+    """Characters of the text in chat ``messages``: string contents and the ``text`` of content parts (other
+    parts, images or tool calls, are not counted). For cheap size estimates where tokenising costs too much."""
+    chars = 0
+    if isinstance(messages, list):
+        for message in messages:
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    text = part.get("text") if isinstance(part, Mapping) else None
+                    if isinstance(text, str):
+                        chars += len(text)
+    return chars
 
 
 _PROMPT_TOKENS_KEY = "ratebalance_prompt_tokens"

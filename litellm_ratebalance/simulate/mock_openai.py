@@ -48,6 +48,8 @@ from typing import Any, Literal
 
 from aiohttp import ClientSession, ClientTimeout, web
 
+from litellm_ratebalance.proxy.tokens import message_text_chars
+
 __all__ = [
     "Behaviour",
     "Change",
@@ -266,15 +268,7 @@ class UsageWindow:
 
 def estimate_prompt_tokens(messages: Any) -> int:
     """Prompt tokens the mock reports: characters of every text content / 4, rounded up, at least 1."""
-    chars = 0
-    if isinstance(messages, list):
-        for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                chars += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
-    return max(1, math.ceil(chars / _CHARS_PER_TOKEN))
+    return max(1, math.ceil(message_text_chars(messages) / _CHARS_PER_TOKEN))
 
 
 class MockDeployment:
