@@ -61,6 +61,11 @@ _STALL_QUORUM = 3
 """Requests overdue together, with no answer from their deployment for a typical latency, that show it has
 stalled as a whole."""
 _MAX_STALL_SCAN = 1024
+_FAILURE_STREAK = 4
+"""Failures in a row recorded here, with no successful answer between them, that show a deployment is
+failing as a whole: its recent attempts then count as all failed until it answers again (its recent failure
+share alone is diluted by the successes before the failures began, for a few failure half-lives). Four in a
+row come by chance once in 256 runs of four requests to a deployment that fails a quarter of them."""
 _LOCAL_RECOMPUTE_SECONDS = 0.05
 """Cached shares include this replica's newest samples at most this late (the next sync includes them all)."""
 _SLOTS_HEADROOM = 0.5
@@ -229,6 +234,7 @@ class _GroupView:
         "derived",
         "dirty_at",
         "earliest_due",
+        "failure_streak",
         "in_flight",
         "last_answer",
         "last_attempt",
@@ -273,6 +279,8 @@ class _GroupView:
         """Per deployment: local time of this replica's last pick of it."""
         self.last_answer: dict[str, float] = {}
         """Per deployment: local time at which the last successful answer of its requests here came back."""
+        self.failure_streak: dict[str, int] = {}
+        """Per deployment: failures recorded here since its last successful answer here (absent: none)."""
         self.probes: set[str] = set()
         """Deployments to send one request each, to re-measure them after another one changed."""
         self.probed_at = float("-inf")
@@ -445,6 +453,12 @@ class RateBalancer:
             aggregate.merge(sample)
         if ok:
             view.last_answer[deployment_id] = now
+            if view.failure_streak.pop(deployment_id, 0) >= _FAILURE_STREAK:
+                view.cache.clear()  # it answers again: its failure share alone counts from now on
+        else:
+            streak = view.failure_streak[deployment_id] = view.failure_streak.get(deployment_id, 0) + 1
+            if streak == _FAILURE_STREAK:
+                view.cache.clear()  # failing as a whole: out of the shares at the next decision
         if ok and self._change_sigma > 0 and self._surprising(view, deployment_id, rate, load, work, latency):
             self._changed(view, deployment_id, now, now - latency)
         # The local view sees its own sample at once (the shared one at the next sync): a deployment has
@@ -1026,8 +1040,11 @@ class RateBalancer:
         empty = RateAggregate()
         states: list[DeploymentState] = []
         # (recent counts of the failure penalty are age-weighted, see _derive)
+        streaks = view.failure_streak
         for c in candidates:
             attempts, failures = derived.failure_weights.get(c.id, (0.0, 0.0))
+            if streaks.get(c.id, 0) >= _FAILURE_STREAK:
+                failures = attempts = max(attempts, 1.0)  # failing as a whole (see _FAILURE_STREAK)
             states.append(
                 DeploymentState(
                     window=derived.window.get(c.id, empty),
@@ -1202,8 +1219,9 @@ class RateBalancer:
     def _probe(self, view: _GroupView, candidates: Sequence[Candidate], now: float) -> int | None:
         """Index of a candidate due for a re-measuring request (None: none due), unless it has a request in
         flight already: after another deployment changed, each one once; and a deployment whose recent
-        attempts mostly failed, once per ``failure_half_life_seconds`` (so its recovery is seen within a
-        few seconds, at the cost of one request each time it is still failing)."""
+        attempts mostly failed (or that is failing as a whole, see :data:`_FAILURE_STREAK`), once per
+        ``failure_half_life_seconds`` (so its recovery is seen within a few seconds, at the cost of one
+        request each time it is still failing)."""
         if view.probes:
             for i, c in enumerate(candidates):
                 if c.id in view.probes:
@@ -1216,9 +1234,10 @@ class RateBalancer:
         weights = view.derived.failure_weights
         if not weights:
             return None
+        streaks = view.failure_streak
         for i, c in enumerate(candidates):
             attempts, failures = weights.get(c.id, (0.0, 0.0))
-            if failures > 0.5 * attempts > 0.0:
+            if failures > 0.5 * attempts > 0.0 or streaks.get(c.id, 0) >= _FAILURE_STREAK:
                 due = now - view.last_attempt.get(c.id, now) >= retry_after
                 if due and not view.in_flight.get(c.id):
                     return i

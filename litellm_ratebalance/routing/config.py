@@ -64,9 +64,12 @@ class RoutingSettings(SettingsModel):
     failure_half_life_seconds: Annotated[float, Field(ge=0.0, le=3600.0)] = 2.0
     """Inside the failure window, a bucket's attempts and failures count ``0.5 ** (age / half-life)``, so
     fresh failures dominate; 0 weighs the whole failure window equally."""
-    failure_penalty: Annotated[float, Field(ge=0.0, le=100.0)] = 4.0
+    failure_penalty: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
     """Weight multiplier ``(1 - recent failure share) ** failure_penalty``; 0 disables it. Failures are also
-    zero-rate samples in the window either way."""
+    zero-rate samples in the window either way. At 1 the weight is the chance of beating the SLA times the
+    recent success share: a deployment that fails every request drops to nothing within seconds, one that
+    fails a quarter of them fast keeps three quarters of its weight (higher values cost it more than its
+    failures cost the traffic sent there; see docs/routing.md)."""
     rate_limit_headroom: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
     """Below this fraction of a rate limit left (provider headers, or configured tpm/rpm against the last
     minute's usage) a deployment's share is scaled down linearly, to 0 at exhaustion. 0 disables it."""

@@ -119,15 +119,55 @@ async def test_failure_penalty_is_graded_by_the_recent_failure_share() -> None:
     balancer, _ = make_balancer(failure_penalty=2.0)
     rates = noisy(100, 30)
     feed(balancer, G, "a", rates)
-    feed(balancer, G, "b", rates)
-    for _ in range(10):
+    feed(balancer, G, "b", rates[:20])
+    for rate in rates[20:]:
+        # Failures between successes: a failure share, not a streak (see the next test).
         balancer.record(G, "b", latency=1.0, ok=False)
+        feed(balancer, G, "b", [rate])
         balancer.record(G, "a", latency=1.0, output_tokens=100)
     await balancer.refresh(G)
     estimates = balancer.estimates(G, AB)
     assert estimates["b"].recent_attempts == 40 and estimates["b"].recent_failures == 10
     weights = balancer.weights(G, AB)
     assert weights["b"] < weights["a"] * 0.75**2 * 1.01
+
+
+async def test_failures_in_a_row_take_a_deployment_out_until_it_answers_again() -> None:
+    """Four failures in a row at b, after 30 successes: its failure share is only 4/34, but it is failing as
+    a whole. Its weight is 0 until it answers again, and it gets a re-measuring request once per failure
+    half-life meanwhile (exploration is off here, so only that request can reach it)."""
+    balancer, clock = make_balancer(failure_penalty=1.0, failure_half_life_seconds=2.0)
+    rates = noisy(100, 30)
+    feed(balancer, G, "a", rates)
+    feed(balancer, G, "b", rates)
+    only_b = (Candidate("b"),)
+
+    def fail_at_b() -> None:
+        balancer.choose(G, only_b)  # (a pick of b, so its last attempt is now)
+        balancer.record(G, "b", latency=0.05, ok=False)
+
+    def twenty_picks() -> list[str]:
+        picks = [AB[balancer.choose(G, AB)].id for _ in range(20)]
+        for pick in picks:
+            balancer.release(G, pick)
+        return picks
+
+    for _ in range(3):
+        fail_at_b()
+    await balancer.refresh(G)
+    assert balancer.weights(G, AB)["b"] > 0.3  # three in a row: graded by its failure share
+    fail_at_b()
+    assert balancer.weights(G, AB)["b"] == 0.0  # at once, without a sync
+    await balancer.refresh(G)
+    assert balancer.weights(G, AB)["b"] == 0.0
+    assert balancer.estimates(G, AB)["b"].recent_failures == pytest.approx(4.0)  # the store holds 4 of 34
+    assert "b" not in twenty_picks()
+    clock.advance(2.0)
+    assert twenty_picks().count("b") == 1  # the re-measuring request, one failure half-life later
+    clock.advance(1.0)
+    assert "b" not in twenty_picks()  # not due again yet
+    feed(balancer, G, "b", [100.0])  # it answers
+    assert balancer.weights(G, AB)["b"] > 0.3
 
 
 async def test_rate_limit_headers_scale_the_share_until_they_expire() -> None:
