@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import (
+    MIN_LATENCY_SECONDS,
     DeploymentState,
     LoadFit,
     RateAggregate,
@@ -434,6 +435,10 @@ class RateBalancer:
         """
         if self._round_robin:
             return
+        # An answer takes some time: a zero (or negative) latency, e.g. from log times that coincide, is
+        # taken as the shortest one the rates use, so no expected latency, size fit or overdue test divides
+        # by zero (a failure's latency only says how long it was in flight).
+        latency = max(latency, MIN_LATENCY_SECONDS) if ok else max(latency, 0.0)
         now = self._clock()
         view = self._view(model_group)
         queue = view.in_flight.get(deployment_id)
@@ -724,6 +729,8 @@ class RateBalancer:
         window = derived.window_full.get(deployment_id)
         latency = window.mean_ok_latency if window is not None else None
         rate = window.mean_ok_rate if window is not None else None
+        if latency is not None and latency <= 0.0:
+            latency = None  # (only samples written without a latency, e.g. by another replica: unknown)
         if latency is not None and rate is not None:
             derived.expected[deployment_id] = (latency, latency * rate)
         if derived.pooled_expected is None and latency is not None and rate is not None:

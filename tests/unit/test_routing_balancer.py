@@ -375,3 +375,17 @@ async def test_picks_that_never_report_back_are_forgotten() -> None:
     await balancer.refresh(G)
     assert 0.2 < balancer.weights(G, AB)["b"] < 0.8
     assert balancer.estimates(G, AB)["b"].in_flight == 0
+
+
+async def test_an_answer_logged_with_zero_latency_breaks_nothing() -> None:
+    """LiteLLM's log times can coincide (latency 0): that answer is taken as the shortest latency the rates
+    use, so its deployment's expected latency, size fit and overdue test never divide by zero."""
+    balancer, clock = make_balancer(in_flight_evidence=True, load_aware=True, change_detection_sigma=3.0)
+    balancer.record(G, "a", latency=0.0, output_tokens=10)
+    balancer.record(G, "a", latency=-1.0, output_tokens=10)
+    balancer.record(G, "b", latency=1.0, output_tokens=100)
+    balancer.choose(G, (Candidate("a"),), work=10.0)
+    clock.advance(0.5)  # a's request is overdue by any expected latency a zero-latency answer could give
+    assert balancer.choose(G, AB) in (0, 1)
+    estimates = balancer.estimates(G, AB)
+    assert estimates["a"].samples == 2 and estimates["a"].mean_latency == pytest.approx(1e-3)
