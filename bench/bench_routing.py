@@ -12,12 +12,12 @@ Usage::
     python bench/bench_routing.py --quick    # ~1 minute smoke run
     python bench/bench_routing.py --write    # also write bench/results/routing.md and the drift share plot
     python bench/bench_routing.py --duration 9 --write --results-name routing_9s   # shorter runs, own file
+    python bench/bench_routing.py --ours selection='"random"'   # one of ours' settings overridden (JSON)
 
 Each run lasts DEFAULT_DURATION (30 s) of arrivals, about 300 requests: with the simulation's time
-compressed ~10x that is five minutes of traffic, long enough that the bootstrap (every deployment measured
-once, the slowest answering after seconds) and the seconds it takes to see a change weigh what they would
-in a real pool, and a p95 rests on ~15 requests rather than ~4 (the 9 s runs of earlier commits).
-    python bench/bench_routing.py --ours selection='"random"'   # one of ours' settings overridden (JSON)
+compressed ~10x that is five minutes of traffic. The bootstrap (every deployment measured once, the slowest
+answering after seconds) and the seconds it takes to see a change are fixed costs; they weigh a third of
+what they did in the 9 s runs of earlier commits, and a p95 rests on ~15 requests rather than ~4.
 
 Per scenario it prints the mean and p5 effective token rate ((output + input / ratio) / latency, failures
 count 0), p50/p95 latency of successful requests, goodput (output tokens of successful requests per second),
