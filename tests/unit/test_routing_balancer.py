@@ -378,8 +378,8 @@ async def test_picks_that_never_report_back_are_forgotten() -> None:
 
 
 async def test_an_answer_logged_with_zero_latency_breaks_nothing() -> None:
-    """LiteLLM's log times can coincide (latency 0): that answer is taken as the shortest latency the rates
-    use, so its deployment's expected latency, size fit and overdue test never divide by zero."""
+    """An answer reported with latency 0 (or below): it is taken as the shortest latency the rates use, so
+    its deployment's expected latency, size fit and overdue test never divide by zero."""
     balancer, clock = make_balancer(in_flight_evidence=True, load_aware=True, change_detection_sigma=3.0)
     balancer.record(G, "a", latency=0.0, output_tokens=10)
     balancer.record(G, "a", latency=-1.0, output_tokens=10)
