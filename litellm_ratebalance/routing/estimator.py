@@ -364,7 +364,11 @@ def probability_above(
     shift: float = 0.0,
     spread: float | None = None,
 ) -> float:
-    """Estimated probability that a request to this deployment beats rate ``sla`` (0 with no samples).
+    """Estimated probability that a request to this deployment beats rate ``sla`` >= 0 (0 with no samples).
+
+    A failure is a sample of rate 0, which never beats the SLA. ``normal``: the share of successful samples
+    times the probability from a normal fit of their rates (the proposal's fit, of the answers only);
+    ``empirical``: the share of all samples above the SLA.
 
     ``shift`` moves the deployment's rate distribution (tokens/s; the load correction, see
     :class:`LoadFit`): the normal fit's mean moves by it, the empirical estimator compares its samples with
@@ -374,14 +378,24 @@ def probability_above(
         return 0.0
     if estimator == "empirical":
         return _share_above(aggregate, max(sla - shift, 0.0))
-    mean = aggregate.mean + shift
-    std = aggregate.std if spread is None else min(aggregate.std, spread)
+    ok = aggregate.count - aggregate.failures
+    if ok <= 1e-9:
+        return 0.0
+    # Failures are samples of rate 0, so the rates are a mixture: zeros, and the successful answers. The
+    # normal fit is of the answers alone, times their share; one normal through the zeros and the answers
+    # together would put its mass between them, where neither lies (for a deployment that fails a quarter
+    # of its requests fast, a mean three quarters of its rate and a spread as wide as the gap).
+    ok_share = min(ok / aggregate.count, 1.0)
+    mean = aggregate.rate_sum / ok
+    ok_std = math.sqrt(max(aggregate.rate_sq_sum / ok - mean * mean, 0.0))
+    mean += shift
+    std = ok_std if spread is None else min(ok_std, spread)
     if std <= 1e-12 * max(1.0, abs(mean)):
-        # Identical samples: the normal fit degenerates to a point mass at the mean.
+        # Identical answers: the normal fit degenerates to a point mass at their mean.
         if math.isclose(mean, sla, rel_tol=1e-9, abs_tol=1e-12):
-            return 0.5
-        return 1.0 if mean > sla else 0.0
-    return 0.5 * math.erfc((sla - mean) / (std * math.sqrt(2.0)))
+            return 0.5 * ok_share
+        return ok_share if mean > sla else 0.0
+    return ok_share * 0.5 * math.erfc((sla - mean) / (std * math.sqrt(2.0)))
 
 
 def _share_above(aggregate: RateAggregate, sla: float) -> float:

@@ -9,7 +9,9 @@ Deviations from the proposal's code, each the documented behaviour of the packag
 
 * a deployment whose samples are identical (zero spread) gets 1, 1/2 or 0 as its mean is above, at or
   below the SLA (the proposal's code turned the NaN of a zero-scale normal into weight 1);
-* all-zero weights fall back to equal chances (``random.choices`` raises on them).
+* all-zero weights fall back to equal chances (``random.choices`` raises on them);
+* a failed request (our addition: the proposal records none) is a sample of rate 0, and the normal fit
+  is of the successful samples only, its probability times their share of the samples.
 """
 
 from __future__ import annotations
@@ -98,13 +100,7 @@ def reference_weights(rates: Sequence[Sequence[float]], greediness: float, estim
 def _probability(rates: Sequence[float], sla: float, estimator: str) -> float:
     if estimator == "empirical":
         return sum(1 for r in rates if r > sla) / len(rates)
-    mu = sum(rates) / len(rates)
-    sigma = (sum((x - mu) ** 2 for x in rates) / len(rates)) ** 0.5
-    if sigma <= 1e-12 * max(1.0, abs(mu)):
-        if math.isclose(mu, sla, rel_tol=1e-9, abs_tol=1e-12):
-            return 0.5
-        return 1.0 if mu > sla else 0.0
-    return float(1 - stats.norm.cdf(sla, loc=mu, scale=sigma))
+    return _weighted_probability([(r, 1.0) for r in rates], sla, estimator)
 
 
 def shares_by_name(names: Sequence[str], weights: Sequence[float]) -> Mapping[str, float]:
@@ -145,10 +141,15 @@ def _weighted_probability(rates: Sequence[tuple[float, float]], sla: float, esti
     total = sum(w for _, w in rates)
     if estimator == "empirical":
         return sum(w for r, w in rates if r > sla) / total
-    mu = sum(r * w for r, w in rates) / total
-    sigma = (sum(w * (r - mu) ** 2 for r, w in rates) / total) ** 0.5
+    answered = [(r, w) for r, w in rates if r > 0.0]  # a successful sample's rate is never 0 here
+    ok_total = sum(w for _, w in answered)
+    if ok_total <= 0:
+        return 0.0
+    ok_share = ok_total / total
+    mu = sum(r * w for r, w in answered) / ok_total
+    sigma = (sum(w * (r - mu) ** 2 for r, w in answered) / ok_total) ** 0.5
     if sigma <= 1e-12 * max(1.0, abs(mu)):
         if math.isclose(mu, sla, rel_tol=1e-9, abs_tol=1e-12):
-            return 0.5
-        return 1.0 if mu > sla else 0.0
-    return float(1 - stats.norm.cdf(sla, loc=mu, scale=sigma))
+            return 0.5 * ok_share
+        return ok_share if mu > sla else 0.0
+    return ok_share * float(1 - stats.norm.cdf(sla, loc=mu, scale=sigma))

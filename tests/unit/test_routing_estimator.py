@@ -94,6 +94,22 @@ def test_normal_probability_matches_scipy() -> None:
         assert probability_above(a, sla, "normal") == pytest.approx(1 - stats.norm.cdf(sla, mu, sigma), abs=1e-9)
 
 
+def test_normal_fit_of_a_deployment_that_fails_is_of_its_answers_times_their_share() -> None:
+    rng = random.Random(5)
+    answers = [rng.gauss(120, 10) for _ in range(300)]
+    flaky = agg(answers, failures=100)  # fails a quarter of its requests
+    mu, sigma = float(np.mean(answers)), float(np.std(answers))
+    for sla in (60.0, 110.0, 130.0):
+        expected = 0.75 * (1 - stats.norm.cdf(sla, mu, sigma))
+        assert probability_above(flaky, sla, "normal") == pytest.approx(expected, abs=1e-9)
+    # One normal through the zeros and the answers (mean 90, spread ~53) would rate it well below a reliable
+    # 100 tok/s deployment at an SLA of 100; three quarters of answers at 120 beat it three times in four.
+    reliable = agg([rng.gauss(100, 10) for _ in range(300)])
+    assert probability_above(flaky, 100.0, "normal") > 0.7 > 0.55 > probability_above(reliable, 100.0, "normal")
+    assert probability_above(agg([], failures=4), 0.0, "normal") == 0.0
+    assert probability_above(agg([40.0] * 3, failures=1), 30.0, "normal") == pytest.approx(0.75)
+
+
 def test_identical_samples_give_a_point_mass() -> None:
     a = agg([40.0] * 5)
     assert probability_above(a, 30.0, "normal") == 1.0
