@@ -242,6 +242,7 @@ class _GroupView:
         "last_sync",
         "limits",
         "loads",
+        "measured",
         "offset",
         "pending",
         "pending_limits",
@@ -294,6 +295,9 @@ class _GroupView:
         """Per deployment: local time at or after which one of its requests in flight here, of known size, may
         be overdue for its size (no later than the true earliest: its light-load latency is used, and entries
         that left are not taken out)."""
+        self.measured: set[str] = set()
+        """Deployments that have had samples in this view (or usage in the last minute): one of them without
+        samples in the window now is stale, not unknown (see :attr:`DeploymentState.stale`)."""
         self.credits: dict[str, float] = {}
         """Per deployment: smooth weighted round-robin credit (``selection: smooth``), in decisions."""
         self.derived = _Derived()
@@ -692,6 +696,7 @@ class RateBalancer:
         for queue in view.in_flight.values():
             queue.forget_before(forgotten)
         view.derived = derived = self._derive(view.buckets, snapshot.now_ms, view.cutoff_ms)
+        view.measured.update(derived.window_full, derived.usage)
         for deployment_id, bound in list(view.change_evidence.items()):
             if deployment_id in derived.window_full:
                 del view.change_evidence[deployment_id]  # a real sample from after the change
@@ -709,6 +714,7 @@ class RateBalancer:
         """Count a sample of this replica in the local view until a sync brings it back from the store."""
         derived = view.derived
         new = deployment_id not in derived.window
+        view.measured.add(deployment_id)
         _add_to(derived.window_full, deployment_id, sample)
         if derived.window is not derived.window_full:
             _add_to(derived.window, deployment_id, sample)
@@ -1015,6 +1021,7 @@ class RateBalancer:
             capacity=state.capacity * slots_left,
             load_shift=shift,
             load_spread=spread,
+            stale=state.stale,
         )
         weight = None
         if sla is not None and new_state.window.count > 0:
@@ -1048,16 +1055,19 @@ class RateBalancer:
         states: list[DeploymentState] = []
         # (recent counts of the failure penalty are age-weighted, see _derive)
         streaks = view.failure_streak
+        measured = view.measured
         for c in candidates:
             attempts, failures = derived.failure_weights.get(c.id, (0.0, 0.0))
             if streaks.get(c.id, 0) >= _FAILURE_STREAK:
                 failures = attempts = max(attempts, 1.0)  # failing as a whole (see _FAILURE_STREAK)
+            window = derived.window.get(c.id, empty)
             states.append(
                 DeploymentState(
-                    window=derived.window.get(c.id, empty),
+                    window=window,
                     recent_attempts=attempts,
                     recent_failures=failures,
                     capacity=self._capacity(view, c),
+                    stale=window.count <= 0 and c.id in measured,
                 )
             )
         s = self.settings
@@ -1075,6 +1085,7 @@ class RateBalancer:
                         capacity=state.capacity * slots_left,
                         load_shift=shift,
                         load_spread=spread,
+                        stale=state.stale,
                     )
         shares = compute_shares(
             idle,
@@ -1207,7 +1218,7 @@ class RateBalancer:
         view.sizes.pop(deployment_id, None)
         if evidence is not None:
             # The rate bound that revealed the change stands for the deployment until a sample from after
-            # the change arrives (with no sample at all it would put its whole group back into bootstrap).
+            # the change arrives (with no sample at all it would be stale: no weight, exploration aside).
             bound = RateAggregate()
             bound.add(evidence)
             view.change_evidence[deployment_id] = bound
@@ -1218,7 +1229,7 @@ class RateBalancer:
             # One round of re-measuring per half-life and group: the changes it reveals in turn must not
             # start another round at once (each would send a request to every deployment again).
             view.probed_at = now
-            known = set(derived.window_full) | {d for d, q in view.in_flight.items() if q}
+            known = set(derived.window_full) | view.measured | {d for d, q in view.in_flight.items() if q}
             view.probes = {d for d in known if d != deployment_id}
         view.cache.clear()
         return True

@@ -58,7 +58,8 @@ class RoutingSettings(SettingsModel):
     """Seconds between synchronisations of the local view with the shared store (writes and reads)."""
     exploration_share: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
     """Part of the traffic spread evenly over all candidates whatever their estimates, so a deployment
-    that looked bad is tried again and its recovery seen."""
+    that looked bad is tried again and its recovery seen. It is all a deployment gets once its samples have
+    aged out of the window (stale: measured before, nothing recent)."""
     failure_window_seconds: Annotated[int, Field(ge=1, le=3600)] = 10
     """Recent window in which the failure share of a deployment is measured."""
     failure_half_life_seconds: Annotated[float, Field(ge=0.0, le=3600.0)] = 2.0

@@ -20,7 +20,10 @@ Definitions (the proposal's meaning, with our additions marked *):
   normal distribution to the deployment's samples (the proposal), ``empirical`` takes the share of its own
   samples above the SLA (from its histogram). A normal fit of identical samples (zero spread) gives 1, 1/2
   or 0 as the mean is above, at or below the SLA (the proposal's code gave such a deployment weight 1).
-* **bootstrap**: while some candidate has no sample in the window every candidate gets the same weight.
+* **bootstrap**: while some candidate has no sample in the window every candidate gets the same weight. A
+  candidate measured before whose samples have all aged out of the window (``DeploymentState.stale``) does
+  not count here: it gets no weight, only its exploration share (an addition: the proposal would send the
+  whole set back to equal chances each time a little-used deployment's last sample ages out).
 * *prior*: with ``prior_samples = k``, a deployment's probability from ``n`` samples is blended with the
   pooled share above the SLA (``1 - greediness``) as ``(n p + k (1 - greediness)) / (n + k)``: a deployment
   with few samples in the window is neither written off nor crowned on their strength.
@@ -447,6 +450,10 @@ class DeploymentState:
     load_spread: float | None = None
     """Spread of the rate once the load is known (:meth:`LoadFit.spread`); the normal fit uses it when it
     is smaller than the window's, so the estimate at the current load is as sharp as the load model is."""
+    stale: bool = False
+    """No samples in the window, but the deployment has been measured before (its samples aged out): it gets
+    no weight, only its exploration share, instead of sending the whole candidate set back to the bootstrap
+    (which is for deployments never measured)."""
 
 
 Mode = Literal["round_robin", "bootstrap", "weighted"]
@@ -492,7 +499,9 @@ def compute_shares(
     if round_robin or greediness <= 0.0:
         return Shares((1.0 / n,) * n, "round_robin", None, (1.0,) * n)
     mode: Mode
-    if any(state.window.count <= 0 for state in states):
+    if any(state.window.count <= 0 and not state.stale for state in states) or not any(
+        state.window.count > 0 for state in states
+    ):
         mode = "bootstrap"
         sla = None
         probabilities = [1.0] * n

@@ -93,7 +93,35 @@ async def test_window_expiry() -> None:
     await balancer.refresh(G)
     estimates = balancer.estimates(G, AB)
     assert estimates["a"].samples == 0 and estimates["b"].samples == 3
-    assert estimates["a"].mode == "bootstrap"
+    # a was measured before: stale, not unknown. The set stays weighted (no bootstrap), a keeps no weight.
+    assert estimates["a"].mode == "weighted"
+    assert balancer.weights(G, AB) == {"a": 0.0, "b": 1.0}
+
+
+async def test_a_stale_deployment_keeps_only_its_exploration_share() -> None:
+    """A deployment whose samples aged out of the window gets the exploration share (the issue's 'a
+    deployment without recent samples keeps a small exploration share'), where the whole candidate set
+    used to go back to equal chances (bootstrap) and send it 1/n of the traffic."""
+    balancer, clock = make_balancer(window_seconds=10, bucket_seconds=1, exploration_share=0.1)
+    abc = candidates("a", "b", "c")
+    for name, rate in (("a", 120.0), ("b", 60.0), ("c", 30.0)):
+        feed(balancer, G, name, noisy(rate, 10))
+    await balancer.refresh(G)
+    clock.advance(12)  # every sample is out of the window
+    feed(balancer, G, "a", noisy(120, 5, 1))
+    feed(balancer, G, "b", noisy(60, 5, 2))
+    await balancer.refresh(G)
+    estimates = balancer.estimates(G, abc)
+    assert estimates["c"].samples == 0 and {e.mode for e in estimates.values()} == {"weighted"}
+    assert balancer.weights(G, abc)["c"] == pytest.approx(0.1 / 3)
+    # A candidate never measured still starts the bootstrap: equal chances until it has answered once.
+    abcd = candidates("a", "b", "c", "d")
+    assert balancer.weights(G, abcd) == pytest.approx(dict.fromkeys("abcd", 0.25))
+    # Another replica learns from the shared store that c was measured within the last minute.
+    other_settings = settings(window_seconds=10, bucket_seconds=1, exploration_share=0.1)
+    other = RateBalancer(balancer._store, other_settings, clock=clock)
+    await other.refresh(G)
+    assert other.weights(G, abc)["c"] == pytest.approx(0.1 / 3)
 
 
 async def test_a_failing_deployment_loses_its_share_at_the_next_sync() -> None:

@@ -270,3 +270,18 @@ def test_reweigh_refuses_shares_that_are_not_weighted() -> None:
     assert bootstrap.mode == "bootstrap"
     with pytest.raises(ValueError, match="weighted mode"):
         reweigh(bootstrap, states, {0: (1.0, 1.0)})
+
+
+def test_a_stale_candidate_gets_its_exploration_share_without_a_bootstrap() -> None:
+    measured = DeploymentState(window=agg([50.0, 60.0]))
+    stale = DeploymentState(window=RateAggregate(), stale=True)
+    shares = compute_shares([measured, stale], greediness=0.5, exploration_share=0.1)
+    assert shares.mode == "weighted"
+    assert shares.shares == pytest.approx((0.95, 0.05))
+    assert shares.exploit == pytest.approx((1.0, 0.0))
+    # Nothing measured in the window at all: no estimate to weigh by, equal chances.
+    all_stale = compute_shares([stale, stale], greediness=0.5, exploration_share=0.1)
+    assert all_stale.mode == "bootstrap" and all_stale.shares == pytest.approx((0.5, 0.5))
+    # A candidate never measured still holds the whole set in bootstrap.
+    unknown = DeploymentState(window=RateAggregate())
+    assert compute_shares([measured, stale, unknown], greediness=0.5).mode == "bootstrap"
