@@ -1055,7 +1055,9 @@ class RateBalancer:
         states: list[DeploymentState] = []
         # (recent counts of the failure penalty are age-weighted, see _derive)
         streaks = view.failure_streak
-        measured = view.measured
+        # Stale only where exploration can measure it again: with no exploration a deployment whose samples
+        # aged out would never be tried again, so it starts the bootstrap as in the proposal.
+        measured = view.measured if self.settings.exploration_share > 0.0 else ()
         for c in candidates:
             attempts, failures = derived.failure_weights.get(c.id, (0.0, 0.0))
             if streaks.get(c.id, 0) >= _FAILURE_STREAK:

@@ -59,7 +59,8 @@ class RoutingSettings(SettingsModel):
     exploration_share: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
     """Part of the traffic spread evenly over all candidates whatever their estimates, so a deployment
     that looked bad is tried again and its recovery seen. It is all a deployment gets once its samples have
-    aged out of the window (stale: measured before, nothing recent)."""
+    aged out of the window (stale: measured before, nothing recent); at 0 such a deployment starts the
+    bootstrap instead (equal chances until it has answered), as nothing else would measure it again."""
     failure_window_seconds: Annotated[int, Field(ge=1, le=3600)] = 10
     """Recent window in which the failure share of a deployment is measured."""
     failure_half_life_seconds: Annotated[float, Field(ge=0.0, le=3600.0)] = 2.0

@@ -453,7 +453,7 @@ class DeploymentState:
     stale: bool = False
     """No samples in the window, but the deployment has been measured before (its samples aged out): it gets
     no weight, only its exploration share, instead of sending the whole candidate set back to the bootstrap
-    (which is for deployments never measured)."""
+    (which is for deployments never measured). The balancer sets it only with an exploration share above 0."""
 
 
 Mode = Literal["round_robin", "bootstrap", "weighted"]
