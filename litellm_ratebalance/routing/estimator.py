@@ -640,11 +640,11 @@ class LoadFit:
       nearly idle that is its unloaded rate; one that is never idle (every sample met a few requests) is
       judged by its lightest loads, so its load fit does not go blank while it is busy.
 
-    :meth:`expected_rate` at a load is the smaller of the two; :meth:`shift` is how far it is from the
+    :meth:`expected_rate` at a load is the smaller of the two once the peak shows the deployment saturated,
+    before that the mean rate seen at that load's level; :meth:`shift` is how far it is from the
     deployment's window mean. So a deployment with few slots is not piled onto, gets its full rate back in
     the estimate when it is idle, and one with many slots is not held back once it has been seen busy. At a
-    load above any seen so far the prediction is mildly pessimistic (``seen / (seen + 1)``), which the next
-    sample at that load corrects.
+    load above any level seen, an unsaturated fit predicts nothing (the window mean stands).
     """
 
     __slots__ = (
@@ -706,14 +706,24 @@ class LoadFit:
     def expected_rate(self, load: float) -> float | None:
         """Rate one request is expected to get at ``load`` requests in flight (None: unknown): the light-load
         rate up to the top of its load level, capped by ``peak / load`` once the deployment has been seen
-        saturated (before that, a higher load says nothing either way)."""
+        saturated. Before that, above the light-load level: the mean rate seen at ``load``'s own level (at
+        most the light-load rate) when that level has samples enough, else None (a load never seen says
+        nothing either way)."""
         rate, ceiling, slots, _ = self._derived
         if rate is None or ceiling is None or load <= 0 or self.samples < self.MIN_SAMPLES:
             return None
         if slots is None:
-            if load > ceiling:
-                return None  # busy, never seen slowed down by it: the window's own mean says most
-            return rate
+            if load <= ceiling:
+                return rate
+            # Busier than the light level and never seen saturated by the peak test: what this deployment
+            # gave at about this load is the best guess. (The peak test alone misses a deployment whose
+            # lightest samples were already slowed down, e.g. a 2-slot one first measured at 4 in flight:
+            # its peak / light-load rate then stays near its busiest load.)
+            level = _load_level(load, self.UNLOADED_LOAD, self.LEVELS)
+            weight = self.level_weights[level]
+            if weight > self.MIN_LEVEL_WEIGHT:
+                return min(rate, self.level_sums[level] / weight)
+            return None
         return min(rate, self.peak / load)
 
     def slowdown(self, load: float) -> float:

@@ -299,13 +299,33 @@ def test_load_fit_of_a_deployment_never_seen_idle_still_learns_its_slots() -> No
     assert fit.expected_rate(8.0) == pytest.approx(400.2 / 8.0, rel=1e-3)  # peak over 8 requests
 
 
-def test_load_fit_without_saturation_says_nothing_above_its_lightest_level() -> None:
+def test_load_fit_without_saturation_says_nothing_above_the_levels_it_has_seen() -> None:
     fit = LoadFit()
     for t, load in enumerate([3.0, 4.0, 3.0, 6.0]):  # many slots: the same rate at every load
         fit.add(float(t), load, 150.0, half_life_seconds=0.0)
     assert fit.slots() is None
     assert fit.expected_rate(3.5) == pytest.approx(150.0)
-    assert fit.expected_rate(6.0) is None  # busier than its lightest level and never seen slowed by it
+    assert fit.expected_rate(6.0) == pytest.approx(150.0)  # seen at loads 4-8: what it gave there
+    assert fit.expected_rate(12.0) is None  # busier than any level seen, never seen slowed by it
+
+
+def test_load_fit_before_saturation_shows_predicts_the_rate_seen_at_that_load() -> None:
+    # First measured at 3-4 requests in flight, one answer there unusually fast: the peak (4 x 115) over the
+    # light-load rate stays near the busiest load, so the peak test sees no saturation; the samples at 4.5-5
+    # in flight were slower all the same.
+    fit = LoadFit()
+    for t, (load, rate) in enumerate([(3.0, 110.0), (4.0, 115.0), (3.5, 100.0), (4.5, 80.0), (5.0, 70.0)]):
+        fit.add(float(t), load, rate, half_life_seconds=0.0)
+    light = (110.0 + 115.0 + 100.0) / 3
+    assert fit.slots() is None
+    assert fit.expected_rate(4.0) == pytest.approx(light)  # the light-load level (up to 4)
+    assert fit.expected_rate(4.5) == pytest.approx(75.0)  # the mean at loads 4-8, not the light-load rate
+    assert fit.shift(4.5, mean_rate=90.0) == pytest.approx(-15.0)
+    assert fit.expected_rate(9.0) is None  # no level that busy seen
+    for t, load in enumerate([4.5, 5.0], start=5):  # very fast answers at that level: at most the light rate
+        fit.add(float(t), load, 200.0, half_life_seconds=0.0)
+    assert fit.slots() is None
+    assert fit.expected_rate(5.0) == pytest.approx(light)
 
 
 @pytest.mark.parametrize(("rate", "changed"), [(200.0, False), (40.0, True)])
