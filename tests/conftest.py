@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -12,6 +13,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore
 from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 # Property tests check results, not speed: Hypothesis' default 200 ms deadline per example turns a pause of
 # the shared, loaded CI machine (garbage collection, descheduling) into a failure.
@@ -26,7 +30,7 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
-async def fresh_redis_client(server: RedisServer) -> object:
+async def fresh_redis_client(server: RedisServer) -> aioredis.Redis:
     """A client on an emptied database with the script cache flushed (so NOSCRIPT reloads are exercised)."""
     import redis.asyncio as aioredis
 
@@ -39,10 +43,10 @@ async def fresh_redis_client(server: RedisServer) -> object:
 
 
 @pytest.fixture
-async def redis_client(redis_server: RedisServer) -> AsyncIterator[object]:
+async def redis_client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     client = await fresh_redis_client(redis_server)
     yield client
-    await client.aclose()  # type: ignore[attr-defined]
+    await client.aclose()
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -56,7 +60,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore | R
     client = await fresh_redis_client(server)
     # The suite checks behaviour (exact counts under concurrent bursts), not latency.
     yield RedisStore(client, keys, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
-    await client.aclose()  # type: ignore[attr-defined]
+    await client.aclose()
 
 
 _LITELLM_CALLBACK_LISTS = (

@@ -10,8 +10,8 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-import litellm
 import pytest
+from litellm.router import Router
 
 from litellm_ratebalance.proxy.tokens import estimate_tokens
 from litellm_ratebalance.store import KeySpace, RedisStore
@@ -33,7 +33,7 @@ def multi_group_router(rpm: int, tpm: int | None = None) -> Any:
         if tpm is not None:
             params["tpm"] = tpm
         model_list.append({"model_name": group, "litellm_params": params, "model_info": {"id": f"{group}-0"}})
-    return litellm.Router(model_list=model_list)
+    return Router(model_list=model_list)
 
 
 def new_cluster_client(cluster: RedisClusterNodes, **kwargs: Any) -> Any:

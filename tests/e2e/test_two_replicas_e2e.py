@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -128,7 +128,8 @@ def statuses(responses: list[httpx.Response]) -> Counter[int]:
 def contract_counts(client: redis.Redis) -> dict[str, int]:
     seconds, _ = client.time()
     start = int(seconds) // CONTRACT_WINDOW_S * CONTRACT_WINDOW_S
-    raw = client.hgetall(KeySpace(PREFIX).contract_window("rpm", start))
+    # A client made without decode_responses answers bytes; redis-py types the hash as bytes | str.
+    raw = cast(dict[bytes, bytes], client.hgetall(KeySpace(PREFIX).contract_window("rpm", start)))
     return {key.decode(): int(value) for key, value in raw.items()}
 
 

@@ -6,9 +6,9 @@ import asyncio
 import time
 from typing import Any
 
-import litellm
 from fastapi import HTTPException
 from litellm.proxy._types import UserAPIKeyAuth
+from litellm.router import Router
 from prometheus_client import REGISTRY
 
 from litellm_ratebalance.proxy.contracts import TrafficContractsCallback
@@ -30,7 +30,7 @@ EXAMPLE_CONTRACTS: dict[str, Any] = {
 
 def make_router(model: str = "m") -> Any:
     params = {"model": "openai/fake", "api_key": "sk-fake", "mock_response": "hi"}
-    return litellm.Router(model_list=[{"model_name": model, "litellm_params": params}])
+    return Router(model_list=[{"model_name": model, "litellm_params": params}])
 
 
 def make_callback(

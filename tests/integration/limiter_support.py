@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import litellm
 from fastapi import HTTPException
 from litellm.proxy._types import UserAPIKeyAuth
+from litellm.router import Router
 
 from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
 from litellm_ratebalance.proxy.runtime import Runtime
@@ -23,7 +23,7 @@ def make_router(model: str = "m", *, rpm: int | None = None, tpm: int | None = N
         if tpm is not None:
             params["tpm"] = tpm // deployments
         model_list.append({"model_name": model, "litellm_params": params, "model_info": {"id": f"{model}-{index}"}})
-    return litellm.Router(model_list=model_list)
+    return Router(model_list=model_list)
 
 
 def make_limiter(store: Store, router: Any, litellm_settings: dict[str, Any] | None = None) -> PriorityRateLimiter:

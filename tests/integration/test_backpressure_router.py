@@ -15,8 +15,8 @@ from typing import Any
 
 import litellm
 import pytest
-from litellm import Router
 from litellm.proxy._types import UserAPIKeyAuth
+from litellm.router import Router
 
 from litellm_ratebalance.backpressure.signals import NvmlProbe
 from litellm_ratebalance.errors import StoreError
@@ -25,13 +25,16 @@ from litellm_ratebalance.proxy.runtime import configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.simulate.fake_nvml import FakeNvml
 from litellm_ratebalance.simulate.inference_server import InferenceServer, ServerSpec
-from litellm_ratebalance.store import MemoryStore
+from litellm_ratebalance.store import MemoryStore, RedisStore
 
 PROMPT = "a" * 400  # ~100 tokens
 
+Harness = Callable[..., Awaitable[tuple[Router, BackpressureCallback, list[InferenceServer]]]]
+"""The ``harness`` fixture: ``await harness(settings, specs, ...)`` -> (router, callback, servers)."""
+
 
 @pytest.fixture
-async def harness() -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+async def harness() -> AsyncIterator[Harness]:
     """``await harness(settings, specs, store=..., gpu_probe=..., model_info=...)`` -> (router, cb, servers)."""
     saved_callbacks = list(litellm.callbacks)
     started: list[InferenceServer] = []
@@ -130,7 +133,7 @@ async def test_the_simulated_server_falls_off_the_memory_cliff_without_the_layer
         assert sum(outcome(r)[0] == 500 for r in results) == server.stats.oom_failures
 
 
-async def test_burst_sheds_low_priority_first_and_never_ooms(harness) -> None:
+async def test_burst_sheds_low_priority_first_and_never_ooms(harness: Harness) -> None:
     router, callback, (server,) = await harness(
         {
             "tiers": ["low", "high"],
@@ -155,7 +158,7 @@ async def test_burst_sheds_low_priority_first_and_never_ooms(harness) -> None:
     assert view["inflight"] == 0 and view["reserved_tokens"] == 0 and view["local_leases"] == 0
 
 
-async def test_refusal_is_actionable(harness) -> None:
+async def test_refusal_is_actionable(harness: Harness) -> None:
     router, _, _ = await harness(
         {"tiers": ["low", "high"], "limit": {"initial_limit": 2, "min_limit": 2, "max_limit": 2}},
         [ServerSpec(knee=4, step_seconds=0.01)],
@@ -163,7 +166,7 @@ async def test_refusal_is_actionable(harness) -> None:
     results = await asyncio.gather(*(call(router, "low", max_tokens=60) for _ in range(4)))
     refused = [r for r in results if isinstance(r, Exception)]
     assert len(refused) == 3  # the lowest tier may take floor(0.85 x 2) = 1 slot of 2
-    exc = refused[0]
+    exc: Any = refused[0]  # LiteLLM's exception class (version-dependent) carries status_code and headers
     assert exc.status_code == 503
     assert exc.headers["x-litellm-backpressure-reason"] == "compute_saturation"
     assert exc.headers["x-litellm-backpressure-advice"] == "retry"
@@ -173,7 +176,7 @@ async def test_refusal_is_actionable(harness) -> None:
     assert exc.num_retries == 0  # every deployment refused: the router must not retry it inside the proxy
 
 
-async def test_concurrency_limit_gives_429_without_a_queue(harness) -> None:
+async def test_concurrency_limit_gives_429_without_a_queue(harness: Harness) -> None:
     router, _, (server,) = await harness(
         {"limit": {"initial_limit": 2, "min_limit": 2, "max_limit": 2}},
         [ServerSpec(knee=4, step_seconds=0.01)],
@@ -183,7 +186,7 @@ async def test_concurrency_limit_gives_429_without_a_queue(harness) -> None:
     assert server.stats.peak_running == 2
 
 
-async def test_queue_waits_for_a_slot_instead_of_refusing(harness) -> None:
+async def test_queue_waits_for_a_slot_instead_of_refusing(harness: Harness) -> None:
     router, callback, (server,) = await harness(
         {"limit": {"initial_limit": 2, "min_limit": 2, "max_limit": 2}, "queue": {"enabled": True}},
         [ServerSpec(knee=4, step_seconds=0.005)],
@@ -195,7 +198,7 @@ async def test_queue_waits_for_a_slot_instead_of_refusing(harness) -> None:
     assert callback.snapshot()["gpu1"]["queue_depth"] == 0
 
 
-async def test_queue_overflow_and_wait_timeout_give_503(harness) -> None:
+async def test_queue_overflow_and_wait_timeout_give_503(harness: Harness) -> None:
     router, _, _ = await harness(
         {
             "limit": {"initial_limit": 1, "min_limit": 1, "max_limit": 1},
@@ -210,7 +213,7 @@ async def test_queue_overflow_and_wait_timeout_give_503(harness) -> None:
     assert any("waited" in m for m in messages)
 
 
-async def test_filter_keeps_traffic_off_a_deployment_at_its_limit(harness) -> None:
+async def test_filter_keeps_traffic_off_a_deployment_at_its_limit(harness: Harness) -> None:
     router, callback, (small, big) = await harness(
         {"limit": {"max_limit": 16}},
         [ServerSpec(knee=4, step_seconds=0.005), ServerSpec(knee=8, step_seconds=0.005)],
@@ -228,7 +231,7 @@ async def test_filter_keeps_traffic_off_a_deployment_at_its_limit(harness) -> No
     assert callback.gates_deployments()  # what the routing hook checks before asking per deployment
 
 
-async def test_successful_responses_carry_queue_depth_and_limit(harness) -> None:
+async def test_successful_responses_carry_queue_depth_and_limit(harness: Harness) -> None:
     router, callback, _ = await harness({"limit": {"initial_limit": 5}}, [ServerSpec(step_seconds=0.002)])
     response = await call(router, max_tokens=5)
     headers = await callback.async_post_call_response_headers_hook(data={}, user_api_key_dict=None, response=response)
@@ -236,7 +239,7 @@ async def test_successful_responses_carry_queue_depth_and_limit(harness) -> None
     assert await callback.async_post_call_response_headers_hook(data={}, user_api_key_dict=None, response=None) is None
 
 
-async def test_gpu_memory_through_nvml_sheds_the_low_tier(harness) -> None:
+async def test_gpu_memory_through_nvml_sheds_the_low_tier(harness: Harness) -> None:
     used = {"fraction": 0.50}
     nvml = FakeNvml(total_bytes=1000, used_bytes=lambda: 1000 * used["fraction"])
     router, callback, _ = await harness(
@@ -257,7 +260,7 @@ async def test_gpu_memory_through_nvml_sheds_the_low_tier(harness) -> None:
     assert outcome(await call(router, "high", max_tokens=5)) == (503, "memory_pressure")
 
 
-async def test_absent_nvml_degrades_with_one_line(harness, caplog: pytest.LogCaptureFixture) -> None:
+async def test_absent_nvml_degrades_with_one_line(harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
     nvml = FakeNvml()
     nvml.fail_init = True
     router, callback, _ = await harness(
@@ -271,7 +274,7 @@ async def test_absent_nvml_degrades_with_one_line(harness, caplog: pytest.LogCap
 
 
 async def test_scraped_kv_cache_sheds_and_an_unreachable_endpoint_degrades(
-    harness, caplog: pytest.LogCaptureFixture
+    harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     # 60 ms a token: the KV cache stays above the low tier's 85% for ~0.5 s before the background finishes
     # (at 20 ms it was ~0.1 s, which a loaded machine can miss between the poll and the low request).
@@ -320,7 +323,7 @@ async def test_scraped_kv_cache_sheds_and_an_unreachable_endpoint_degrades(
         await server.stop()
 
 
-async def test_server_failures_back_off_the_limit_and_free_the_slots(harness) -> None:
+async def test_server_failures_back_off_the_limit_and_free_the_slots(harness: Harness) -> None:
     router, callback, (server,) = await harness(
         {"limit": {"initial_limit": 16, "backoff_ratio": 0.5}},
         [ServerSpec(knee=4, step_seconds=0.005, memory_tokens=600)],  # 5 prompts of ~100 tokens overflow it
@@ -339,19 +342,21 @@ class BrokenStore(MemoryStore):
         raise StoreError("redis script 'concurrency_acquire' failed: ConnectionError")
 
 
-async def test_store_fault_fails_open(harness) -> None:
+async def test_store_fault_fails_open(harness: Harness) -> None:
     router, _, _ = await harness({}, [ServerSpec(step_seconds=0.002)], store=BrokenStore())
     assert outcome(await call(router, max_tokens=5)) == (200, None)
 
 
-async def test_store_fault_fails_closed_with_503(harness) -> None:
+async def test_store_fault_fails_closed_with_503(harness: Harness) -> None:
     router, _, _ = await harness({}, [ServerSpec(step_seconds=0.002)], store=BrokenStore(), fail_mode="closed")
     result = await call(router, max_tokens=5)
     assert outcome(result)[0] == 503 and "fail_mode is 'closed'" in str(result)
 
 
 @pytest.mark.redis
-async def test_a_crashed_replicas_slots_come_back_after_the_lease_ttl(harness, store) -> None:
+async def test_a_crashed_replicas_slots_come_back_after_the_lease_ttl(
+    harness: Harness, store: MemoryStore | RedisStore
+) -> None:
     router, callback, _ = await harness(
         {"limit": {"initial_limit": 2, "min_limit": 2, "max_limit": 2}}, [ServerSpec(step_seconds=0.002)], store=store
     )
@@ -366,7 +371,7 @@ async def test_a_crashed_replicas_slots_come_back_after_the_lease_ttl(harness, s
     assert outcome(await call(router, max_tokens=5)) == (200, None)
 
 
-async def test_a_cancelled_request_gives_its_slot_back(harness) -> None:
+async def test_a_cancelled_request_gives_its_slot_back(harness: Harness) -> None:
     # LiteLLM sends no success/failure event for a cancelled call (client gone, timeout): the slot must
     # still come back, not stay leased until lease_max_age_seconds.
     router, callback, (server,) = await harness(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from litellm_ratebalance.contracts.policy import ContractLimits, Mode
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.proxy.contracts import TrafficContractsCallback
+from litellm_ratebalance.store import MemoryStore, RedisStore
 from tests.integration.contracts_support import (
     EXAMPLE_CONTRACTS,
     auth,
@@ -30,7 +31,7 @@ def with_enforcement(**enforcement: Any) -> dict[str, Any]:
     return {**EXAMPLE_CONTRACTS, "enforcement": enforcement}
 
 
-async def test_example_flow_through_the_hooks(store) -> None:
+async def test_example_flow_through_the_hooks(store: MemoryStore | RedisStore) -> None:
     await room_in_window(3600)
     callback = make_callback(store)
     flow = [
@@ -55,7 +56,7 @@ async def test_example_flow_through_the_hooks(store) -> None:
     assert window.tokens["__basket__"] == 150 and window.in_flight["__basket__"] == 0
 
 
-async def test_modes_reach_logging_metadata_and_metrics(store) -> None:
+async def test_modes_reach_logging_metadata_and_metrics(store: MemoryStore | RedisStore) -> None:
     await room_in_window(3600)
     callback = make_callback(store)
     before = requests_total("smart-window", "normal", "normal")
@@ -80,7 +81,7 @@ async def test_modes_reach_logging_metadata_and_metrics(store) -> None:
     assert sample("litellm_ratebalance_traffic_contract_usage", {"feature": "smart-window", "kind": "tpm"}) >= 42
 
 
-async def test_reject_is_a_429_naming_feature_contract_and_mode(store) -> None:
+async def test_reject_is_a_429_naming_feature_contract_and_mode(store: MemoryStore | RedisStore) -> None:
     await room_in_window(3600)
     callback = make_callback(store, with_enforcement(borrowed="reject"))
     assert await call(callback, request(), auth("ai")) is None
@@ -88,7 +89,7 @@ async def test_reject_is_a_429_naming_feature_contract_and_mode(store) -> None:
     refused_data = request()
     refused = await call(callback, refused_data, auth("ai"))
     assert refused is not None and refused.status_code == 429
-    message = refused.detail["error"]
+    message = cast(dict[str, str], refused.detail)["error"]  # FastAPI types detail as str; the hook sends a dict
     assert "feature 'smart-window': mode borrowed" in message
     assert "Contract: feature rpm 2, tpm 5000; basket rpm 4, tpm 10000." in message
     headers = refused.headers or {}
@@ -102,7 +103,7 @@ async def test_reject_is_a_429_naming_feature_contract_and_mode(store) -> None:
     assert await call(callback, request(), auth("s2s")) is None
 
 
-async def test_cap_max_tokens_lowers_the_request_limit(store) -> None:
+async def test_cap_max_tokens_lowers_the_request_limit(store: MemoryStore | RedisStore) -> None:
     await room_in_window(3600)
     callback = make_callback(store, with_enforcement(borrowed={"cap_max_tokens": 5}))
     for _ in range(2):
@@ -120,7 +121,7 @@ async def test_cap_max_tokens_lowers_the_request_limit(store) -> None:
     assert small["max_tokens"] == 3
 
 
-async def test_delay_waits_a_bounded_jittered_time(store) -> None:
+async def test_delay_waits_a_bounded_jittered_time(store: MemoryStore | RedisStore) -> None:
     await room_in_window(3600)
     waits: list[float] = []
 
@@ -139,7 +140,7 @@ async def test_delay_waits_a_bounded_jittered_time(store) -> None:
     assert waits == [pytest.approx(0.4), pytest.approx(0.4)]
 
 
-async def test_trust_boundary_for_the_request_body(store) -> None:
+async def test_trust_boundary_for_the_request_body(store: MemoryStore | RedisStore) -> None:
     await room_in_window(3600)
     untrusted = make_callback(store)
     data = request(feature="s2s", tags=["ai"])
@@ -164,14 +165,14 @@ async def test_trust_boundary_for_the_request_body(store) -> None:
     assert tag["metadata"]["traffic_contract_feature"] == "smart-window"
 
 
-async def test_team_feature_used_when_key_has_none(store) -> None:
+async def test_team_feature_used_when_key_has_none(store: MemoryStore | RedisStore) -> None:
     callback = make_callback(store)
     data = request()
     await call(callback, data, auth(team_feature="s2s-android"))
     assert data["metadata"]["traffic_contract_feature"] == "s2s-android"
 
 
-async def test_a_flood_of_bogus_names_leaves_counters_and_labels_flat(store) -> None:
+async def test_a_flood_of_bogus_names_leaves_counters_and_labels_flat(store: MemoryStore | RedisStore) -> None:
     await room_in_window(3600)
     callback = make_callback(store, {**EXAMPLE_CONTRACTS, "trust_request_feature": True})
     for index in range(200):
@@ -189,7 +190,7 @@ async def test_a_flood_of_bogus_names_leaves_counters_and_labels_flat(store) -> 
     assert "other" in labelled_models
 
 
-async def test_reconcile_survives_retries_and_never_double_counts(store) -> None:
+async def test_reconcile_survives_retries_and_never_double_counts(store: MemoryStore | RedisStore) -> None:
     await room_in_window(3600)
     callback = make_callback(store)
     data = request(max_tokens=100)
@@ -209,7 +210,7 @@ async def test_reconcile_survives_retries_and_never_double_counts(store) -> None
     assert window.in_flight["s2s"] == 0 and window.tokens["s2s"] == 77 and window.requests["s2s"] == 1
 
 
-async def test_tpm_mode_uses_the_in_flight_estimates(store) -> None:
+async def test_tpm_mode_uses_the_in_flight_estimates(store: MemoryStore | RedisStore) -> None:
     await room_in_window(3600)
     contracts = {**EXAMPLE_CONTRACTS, "features": {"f": {"tpm": 250}}, "basket": {}}
     callback = make_callback(store, contracts)
@@ -259,7 +260,7 @@ async def test_store_fault_fails_closed_with_503() -> None:
     assert sample("litellm_ratebalance_store_errors_total", errors) == before + 1
 
 
-async def test_unexpected_errors_never_reach_the_client(store) -> None:
+async def test_unexpected_errors_never_reach_the_client(store: MemoryStore | RedisStore) -> None:
     callback = make_callback(store)
 
     async def explode(*args: Any, **kwargs: Any) -> Any:
@@ -282,7 +283,7 @@ def test_ready_instance_is_exported() -> None:
     assert isinstance(litellm_ratebalance.traffic_contracts, TrafficContractsCallback)
 
 
-async def test_limits_without_tpm_skip_token_estimates(store) -> None:
+async def test_limits_without_tpm_skip_token_estimates(store: MemoryStore | RedisStore) -> None:
     await room_in_window(3600)
     callback = make_callback(store, {"window_seconds": 3600, "counter_ttl_seconds": 7200, "basket": {"rpm": 10}})
     data = request(max_tokens=500)

@@ -59,7 +59,9 @@ async def _burst(callbacks: list[TrafficContractsCallback], feature: str, count:
     return list(zip(datas, results, strict=True))
 
 
-async def test_concurrent_requests_from_two_instances_get_exact_modes(redis_client, redis_server) -> None:
+async def test_concurrent_requests_from_two_instances_get_exact_modes(
+    redis_client: aioredis.Redis, redis_server: RedisServer
+) -> None:
     await room_in_window(WINDOW, margin=10)
     estimate = estimate_tokens("m", request(), "total", 256, 4096)
     contracts = {
@@ -92,7 +94,9 @@ async def test_concurrent_requests_from_two_instances_get_exact_modes(redis_clie
         await other.aclose()
 
 
-async def test_concurrent_rejections_leave_exactly_the_basket(redis_client, redis_server) -> None:
+async def test_concurrent_rejections_leave_exactly_the_basket(
+    redis_client: aioredis.Redis, redis_server: RedisServer
+) -> None:
     await room_in_window(WINDOW, margin=10)
     contracts = {
         "window_seconds": WINDOW,
@@ -146,7 +150,7 @@ def _outage_callback(client: Any, **overrides: Any) -> TrafficContractsCallback:
     return make_callback(store, {**OUTAGE_CONTRACTS, **overrides})
 
 
-async def test_redis_down_mid_run_fails_open_and_counting_resumes(own_redis, outage_client) -> None:
+async def test_redis_down_mid_run_fails_open_and_counting_resumes(own_redis: RedisServer, outage_client: Any) -> None:
     await room_in_window(WINDOW, margin=20)
     callback = _outage_callback(outage_client)
     errors = {"component": "traffic_contracts", "mode": "open"}
@@ -181,7 +185,7 @@ async def test_redis_down_mid_run_fails_open_and_counting_resumes(own_redis, out
     assert window is not None and window.requests == {"s2s": 20, "__basket__": 20}
 
 
-async def test_redis_down_with_fail_closed_is_503(own_redis, outage_client) -> None:
+async def test_redis_down_with_fail_closed_is_503(own_redis: RedisServer, outage_client: Any) -> None:
     callback = _outage_callback(outage_client, fail_open=False)
     assert await call(callback, request(), auth("s2s")) is None
     own_redis.stop()

@@ -3,29 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import pytest
 
-from litellm_ratebalance.store import RedisStore
+from litellm_ratebalance.store import MemoryStore, RedisStore
 from tests.integration.limiter_support import auth, call, finish, make_limiter, make_router, request
-from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS
+from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
 
 pytestmark = pytest.mark.redis
 
 
-async def test_unlimited_model_is_not_counted(store) -> None:
+async def test_unlimited_model_is_not_counted(store: MemoryStore | RedisStore) -> None:
     limiter = make_limiter(store, make_router())
     for _ in range(5):
         assert await call(limiter, request(), auth()) is None
 
 
-async def test_rpm_429_has_message_and_headers(store) -> None:
+async def test_rpm_429_has_message_and_headers(store: MemoryStore | RedisStore) -> None:
     limiter = make_limiter(store, make_router(rpm=2))
     assert await call(limiter, request(), auth()) is None
     assert await call(limiter, request(), auth()) is None
     refused = await call(limiter, request(), auth())
     assert refused is not None and refused.status_code == 429
-    message = refused.detail["error"]
+    message = cast(dict[str, str], refused.detail)["error"]  # FastAPI types detail as str; the hooks send a dict
     assert message.startswith("Model capacity reached for m. Priority: None, Rate limit type: requests")
     assert "Model TPM: not configured, Model RPM: 2, Remaining: 0" in message
     headers = refused.headers or {}
@@ -35,7 +36,7 @@ async def test_rpm_429_has_message_and_headers(store) -> None:
     assert headers["x-litellm-priority"] == "default"
 
 
-async def test_admitted_request_carries_headers_for_the_response(store) -> None:
+async def test_admitted_request_carries_headers_for_the_response(store: MemoryStore | RedisStore) -> None:
     limiter = make_limiter(store, make_router(tpm=1000, rpm=10))
     data = request(max_tokens=50)
     assert await call(limiter, data, auth()) is None
@@ -47,7 +48,7 @@ async def test_admitted_request_carries_headers_for_the_response(store) -> None:
     assert float(headers["x-litellm-saturation"]) == 0.0
 
 
-async def test_priority_pool_strict_message(store) -> None:
+async def test_priority_pool_strict_message(store: MemoryStore | RedisStore) -> None:
     settings = {
         "priority_reservation": {"prod": 0.9, "dev": 0.1},
         "priority_reservation_settings": {"saturation_threshold": 0.5},
@@ -57,14 +58,16 @@ async def test_priority_pool_strict_message(store) -> None:
     admitted = [r is None for r in results]
     # Lenient until 5/10; then strict caps dev at 1 request (it already has 5).
     assert admitted == [True] * 5 + [False] * 2
-    message = results[-1].detail["error"]  # type: ignore[union-attr]
+    refused = results[-1]
+    assert refused is not None
+    message = cast(dict[str, str], refused.detail)["error"]  # FastAPI types detail as str; the hooks send a dict
     assert message.startswith("Priority-based rate limit exceeded. Model: m, Priority: dev, Rate limit type: requests")
     assert message.endswith("Model saturation: 50.0%")
     # prod is still within its 9.
     assert all([await call(limiter, request(), auth("prod")) is None for _ in range(4)])
 
 
-async def test_team_priority_wins_over_key_priority(store) -> None:
+async def test_team_priority_wins_over_key_priority(store: MemoryStore | RedisStore) -> None:
     settings = {"priority_reservation": {"prod": 0.9, "dev": 0.1}}
     limiter = make_limiter(store, make_router(rpm=10), settings)
     data = request()
@@ -73,7 +76,7 @@ async def test_team_priority_wins_over_key_priority(store) -> None:
     assert headers is not None and headers["x-litellm-priority"] == "prod"
 
 
-async def test_tokens_are_reconciled_to_actual_usage(store) -> None:
+async def test_tokens_are_reconciled_to_actual_usage(store: MemoryStore | RedisStore) -> None:
     limiter = make_limiter(
         store, make_router(tpm=100), {"ratebalance": {"limiter": {"token_rate_limit_type": "output"}}}
     )
@@ -84,7 +87,7 @@ async def test_tokens_are_reconciled_to_actual_usage(store) -> None:
     assert await call(limiter, request(max_tokens=60), auth()) is None  # 10 + 60 <= 100
 
 
-async def test_failure_releases_tokens_and_success_after_failure_still_counts(store) -> None:
+async def test_failure_releases_tokens_and_success_after_failure_still_counts(store: MemoryStore | RedisStore) -> None:
     limiter = make_limiter(
         store, make_router(tpm=100), {"ratebalance": {"limiter": {"token_rate_limit_type": "output"}}}
     )
@@ -101,7 +104,7 @@ async def test_failure_releases_tokens_and_success_after_failure_still_counts(st
     assert snapshot is not None and snapshot.tokens == 120
 
 
-async def test_two_instances_sharing_redis_admit_exactly_rpm(redis_server) -> None:
+async def test_two_instances_sharing_redis_admit_exactly_rpm(redis_server: RedisServer) -> None:
     import redis.asyncio as aioredis
 
     router = make_router(rpm=50)
@@ -131,10 +134,10 @@ async def test_store_fault_fails_open_by_default_and_closed_when_asked() -> None
     closed_limiter = make_limiter(dead, router, {"ratebalance": {"fail_mode": "closed"}})
     refused = await call(closed_limiter, request(), auth())
     assert refused is not None and refused.status_code == 503
-    assert "fail_mode is 'closed'" in refused.detail["error"]
+    assert "fail_mode is 'closed'" in cast(dict[str, str], refused.detail)["error"]  # detail: a dict (see above)
 
 
-async def test_tpm_holds_under_concurrency_within_estimation_error(redis_server) -> None:
+async def test_tpm_holds_under_concurrency_within_estimation_error(redis_server: RedisServer) -> None:
     """Two instances, 120 concurrent requests in flight at once, tpm 1000, max_tokens given.
 
     Actual usage differs from the reservation by a per-request error (the prompt count of a provider's

@@ -30,14 +30,14 @@ async def test_evicting_policy_is_warned_about(caplog: pytest.LogCaptureFixture)
         await client.aclose()
 
 
-async def test_noeviction_is_quiet(redis_client, caplog: pytest.LogCaptureFixture) -> None:
+async def test_noeviction_is_quiet(redis_client: aioredis.Redis, caplog: pytest.LogCaptureFixture) -> None:
     await redis_client.config_set("maxmemory-policy", "noeviction")
     with caplog.at_level(logging.WARNING, logger="litellm_ratebalance"):
         assert await warn_if_evictable(RedisStore(redis_client)) == "noeviction"
     assert "evict" not in caplog.text
 
 
-async def test_bogus_priorities_and_models_do_not_grow_redis(redis_client) -> None:
+async def test_bogus_priorities_and_models_do_not_grow_redis(redis_client: aioredis.Redis) -> None:
     """A flood of distinct priorities and unknown model names leaves the key and field counts flat."""
     settings = {"priority_reservation": {"prod": 0.5, "dev": 0.2}}
     limiter = make_limiter(RedisStore(redis_client), make_router(rpm=100_000), settings)
@@ -53,7 +53,7 @@ async def test_bogus_priorities_and_models_do_not_grow_redis(redis_client) -> No
     assert all([await redis_client.ttl(key) > 0 for key in await redis_client.keys("*")])
 
 
-async def test_scripts_survive_script_flush(redis_client) -> None:
+async def test_scripts_survive_script_flush(redis_client: aioredis.Redis) -> None:
     limiter = make_limiter(RedisStore(redis_client), make_router(rpm=3))
     assert await call(limiter, request(), auth()) is None
     await redis_client.script_flush()

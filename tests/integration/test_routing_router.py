@@ -15,6 +15,8 @@ from typing import Any
 
 import litellm
 import pytest
+from litellm.exceptions import InternalServerError
+from litellm.router import Router
 
 from litellm_ratebalance.proxy.routing import RateBalancedRouting, RateBalancerCallback, rate_balancer
 from litellm_ratebalance.proxy.runtime import Runtime, configure, reset_runtime
@@ -37,7 +39,7 @@ BROKEN = {
     "litellm_params": {"model": "openai/broken", "api_key": "sk-x", "mock_response": "litellm.InternalServerError"},
     "model_info": {"id": "broken"},
 }
-ROUTING = {"refresh_interval": 0.01, "exploration_share": 0.02}
+ROUTING: dict[str, Any] = {"refresh_interval": 0.01, "exploration_share": 0.02}
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
@@ -66,7 +68,7 @@ async def _litellm_warmed_up(_isolated_callbacks: None) -> None:
 
 def router(*deployments: dict[str, Any]) -> Any:
     # No cooldowns: the broken deployment must stay a candidate, so the balancer's own penalty is seen.
-    return litellm.Router(model_list=[dict(d) for d in deployments], num_retries=0, disable_cooldowns=True)
+    return Router(model_list=[dict(d) for d in deployments], num_retries=0, disable_cooldowns=True)
 
 
 async def drive(r: Any, n: int) -> Counter[str]:
@@ -74,7 +76,7 @@ async def drive(r: Any, n: int) -> Counter[str]:
     for _ in range(n):
         try:
             response = await r.acompletion(model="g", messages=MESSAGES)
-        except litellm.InternalServerError:
+        except InternalServerError:
             served["error"] += 1
             continue
         served[response._hidden_params["model_id"]] += 1
@@ -156,7 +158,7 @@ async def test_sdk_strategy_picks_healthy_deployments_and_records() -> None:
 
 
 async def test_sdk_strategy_respects_cooldown() -> None:
-    r = litellm.Router(model_list=[dict(FAST), dict(BROKEN)], num_retries=0, allowed_fails=0, cooldown_time=60)
+    r = Router(model_list=[dict(FAST), dict(BROKEN)], num_retries=0, allowed_fails=0, cooldown_time=60)
     strategy = RateBalancedRouting(r, RoutingSettings(**ROUTING), store=MemoryStore()).install()
     try:
         served = await drive(r, 30)

@@ -34,7 +34,7 @@ async def replica(server: RedisServer, seed: int) -> tuple[RateBalancer, aioredi
 
 
 async def test_two_replicas_converge_on_the_same_weights(redis_server: RedisServer) -> None:
-    await (await fresh_redis_client(redis_server)).aclose()  # type: ignore[attr-defined]
+    await (await fresh_redis_client(redis_server)).aclose()
     (one, c1), (two, c2) = await replica(redis_server, 1), await replica(redis_server, 2)
     rng = random.Random(0)
     try:
@@ -66,7 +66,7 @@ async def test_two_replicas_converge_on_the_same_weights(redis_server: RedisServ
 
 
 async def test_a_new_replica_starts_from_the_shared_picture(redis_server: RedisServer) -> None:
-    await (await fresh_redis_client(redis_server)).aclose()  # type: ignore[attr-defined]
+    await (await fresh_redis_client(redis_server)).aclose()
     (old, c1), (new, c2) = await replica(redis_server, 3), await replica(redis_server, 4)
     try:
         for name, rate in RATES.items():

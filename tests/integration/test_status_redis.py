@@ -11,9 +11,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import litellm
 import pytest
 import yaml
+from litellm.router import Router
 
 from litellm_ratebalance.cli import main
 from litellm_ratebalance.proxy.contracts import TrafficContractsCallback
@@ -58,7 +58,7 @@ MODEL_LIST: list[dict[str, Any]] = [
 
 
 def _router() -> Any:
-    return litellm.Router(model_list=[dict(m) for m in json.loads(json.dumps(MODEL_LIST))])
+    return Router(model_list=[dict(m) for m in json.loads(json.dumps(MODEL_LIST))])
 
 
 def _write_config(tmp_path: Path, url: str | None) -> Path:

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from litellm_ratebalance.admission.policy import AdmissionLimits, Floor, RejectReason
+from litellm_ratebalance.store import MemoryStore, RedisStore
 
 pytestmark = pytest.mark.redis
 
@@ -19,7 +20,7 @@ def limits(**overrides: object) -> AdmissionLimits:
     return AdmissionLimits(**base)  # type: ignore[arg-type]
 
 
-async def test_rpm_cap_is_exact(store) -> None:
+async def test_rpm_cap_is_exact(store: MemoryStore | RedisStore) -> None:
     lim = limits(rpm=5)
     results = [await store.acquire("m", lim, 0, 60_000) for _ in range(8)]
     assert [r.admitted for r in results] == [True] * 5 + [False] * 3
@@ -27,7 +28,7 @@ async def test_rpm_cap_is_exact(store) -> None:
     assert results[4].counters.requests == 5
 
 
-async def test_tpm_reservation_counts_before_the_call(store) -> None:
+async def test_tpm_reservation_counts_before_the_call(store: MemoryStore | RedisStore) -> None:
     lim = limits(tpm=100)
     first = await store.acquire("m", lim, 60, 60_000)
     second = await store.acquire("m", lim, 60, 60_000)
@@ -39,7 +40,7 @@ async def test_tpm_reservation_counts_before_the_call(store) -> None:
     assert third.admitted and third.counters.tokens == 90
 
 
-async def test_strict_mode_caps_pool_at_its_share(store) -> None:
+async def test_strict_mode_caps_pool_at_its_share(store: MemoryStore | RedisStore) -> None:
     lim = limits(rpm=10, pool_rpm=3.0, saturation_threshold=0.5)
     admitted = [(await store.acquire("m", lim, 0, 60_000)).admitted for _ in range(10)]
     # Lenient until 5 of 10 requests (saturation 0.5); strict then, and the pool already has 5 > 3.
@@ -49,7 +50,7 @@ async def test_strict_mode_caps_pool_at_its_share(store) -> None:
     assert refused.saturation == pytest.approx(0.5)
 
 
-async def test_floor_of_non_lendable_pool_is_kept_free(store) -> None:
+async def test_floor_of_non_lendable_pool_is_kept_free(store: MemoryStore | RedisStore) -> None:
     # Pool b reserves 40% of 10 rpm and lends none of it: pool a can only reach 6.
     lim_a = limits(rpm=10, saturation_threshold=1.0, floors=(Floor("p.b", 4.0, 0.0),))
     admitted = [(await store.acquire("m", lim_a, 0, 60_000)).admitted for _ in range(8)]
@@ -58,7 +59,7 @@ async def test_floor_of_non_lendable_pool_is_kept_free(store) -> None:
     assert all([(await store.acquire("m", lim_b, 0, 60_000)).admitted for _ in range(4)])
 
 
-async def test_oversize_request_is_admitted_into_an_empty_window_only(store) -> None:
+async def test_oversize_request_is_admitted_into_an_empty_window_only(store: MemoryStore | RedisStore) -> None:
     lim = limits(tpm=100)
     big = await store.acquire("m", lim, 500, 60_000)
     assert big.admitted
@@ -66,7 +67,7 @@ async def test_oversize_request_is_admitted_into_an_empty_window_only(store) -> 
     assert not (await store.acquire("m", lim, 1, 60_000)).admitted
 
 
-async def test_window_rolls_over_and_late_settle_is_dropped(store) -> None:
+async def test_window_rolls_over_and_late_settle_is_dropped(store: MemoryStore | RedisStore) -> None:
     # A 1 s window: the calls that must share one window have ample time on a loaded machine.
     lim = limits(rpm=1)
     first = await store.acquire("m", lim, 10, 1000)
@@ -81,7 +82,7 @@ async def test_window_rolls_over_and_late_settle_is_dropped(store) -> None:
     assert snap is not None and snap.tokens == 10 and snap.requests == 1
 
 
-async def test_settle_never_goes_negative_and_release_returns_request(store) -> None:
+async def test_settle_never_goes_negative_and_release_returns_request(store: MemoryStore | RedisStore) -> None:
     lim = limits(rpm=2, tpm=100)
     r = await store.acquire("m", lim, 40, 60_000)
     assert await store.settle("m", "p.a", r.window_start_ms, -1000, -1)
@@ -90,14 +91,14 @@ async def test_settle_never_goes_negative_and_release_returns_request(store) -> 
     assert snap.pools["p.a"] == (0, 0)
 
 
-async def test_model_groups_are_independent(store) -> None:
+async def test_model_groups_are_independent(store: MemoryStore | RedisStore) -> None:
     lim = limits(rpm=1)
     assert (await store.acquire("m1", lim, 0, 60_000)).admitted
     assert (await store.acquire("m2", lim, 0, 60_000)).admitted
     assert not (await store.acquire("m1", lim, 0, 60_000)).admitted
 
 
-async def test_concurrent_acquires_admit_exactly_the_limit(store) -> None:
+async def test_concurrent_acquires_admit_exactly_the_limit(store: MemoryStore | RedisStore) -> None:
     lim = limits(rpm=50)
     results = await asyncio.gather(*(store.acquire("m", lim, 0, 60_000) for _ in range(200)))
     assert sum(r.admitted for r in results) == 50

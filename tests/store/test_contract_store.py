@@ -8,6 +8,7 @@ import time
 import pytest
 
 from litellm_ratebalance.contracts.policy import BASKET_FIELD, ContractLimits, Mode
+from litellm_ratebalance.store import MemoryStore, RedisStore
 
 pytestmark = pytest.mark.redis
 
@@ -28,7 +29,7 @@ async def admit(store, feature: str, limits: ContractLimits, estimate: int = 0, 
     return await store.contract_admit(feature, limits, estimate, **kw)
 
 
-async def test_rpm_modes_follow_feature_then_basket(store) -> None:
+async def test_rpm_modes_follow_feature_then_basket(store: MemoryStore | RedisStore) -> None:
     await _room_in_window(LONG)
     limits = ContractLimits(feature_rpm=2, basket_rpm=4)
     modes = [(await admit(store, "a", limits)).rpm_mode for _ in range(5)]
@@ -38,7 +39,7 @@ async def test_rpm_modes_follow_feature_then_basket(store) -> None:
     assert last.tpm_mode is Mode.NORMAL  # no TPM contract: never exceeded
 
 
-async def test_features_share_the_basket_and_have_separate_fields(store) -> None:
+async def test_features_share_the_basket_and_have_separate_fields(store: MemoryStore | RedisStore) -> None:
     await _room_in_window(LONG)
     a = ContractLimits(feature_rpm=1, basket_rpm=3)
     b = ContractLimits(feature_rpm=5, basket_rpm=3)
@@ -52,7 +53,7 @@ async def test_features_share_the_basket_and_have_separate_fields(store) -> None
     assert window.requests == {"a": 2, "b": 2, BASKET_FIELD: 4}
 
 
-async def test_tpm_counts_estimates_in_flight_then_actual_usage(store) -> None:
+async def test_tpm_counts_estimates_in_flight_then_actual_usage(store: MemoryStore | RedisStore) -> None:
     await _room_in_window(LONG)
     limits = ContractLimits(feature_tpm=100, basket_tpm=1000)
     first = await admit(store, "a", limits, 60)
@@ -73,14 +74,14 @@ async def test_tpm_counts_estimates_in_flight_then_actual_usage(store) -> None:
     assert window.in_flight == {"a": 60, BASKET_FIELD: 60}
 
 
-async def test_oversize_estimate_is_normal_in_an_empty_window_only(store) -> None:
+async def test_oversize_estimate_is_normal_in_an_empty_window_only(store: MemoryStore | RedisStore) -> None:
     await _room_in_window(LONG)
     limits = ContractLimits(feature_tpm=100, basket_tpm=1000)
     assert (await admit(store, "a", limits, 500)).tpm_mode is Mode.NORMAL
     assert (await admit(store, "a", limits, 1)).tpm_mode is Mode.BORROWED
 
 
-async def test_rejected_modes_are_not_counted(store) -> None:
+async def test_rejected_modes_are_not_counted(store: MemoryStore | RedisStore) -> None:
     await _room_in_window(LONG)
     limits = ContractLimits(feature_rpm=1, basket_rpm=2)
     reject = {Mode.DEGRADED}
@@ -96,7 +97,7 @@ async def test_rejected_modes_are_not_counted(store) -> None:
     assert window.in_flight == {"a": 7, BASKET_FIELD: 7}
 
 
-async def test_settle_never_goes_below_zero_and_skips_expired_windows(store) -> None:
+async def test_settle_never_goes_below_zero_and_skips_expired_windows(store: MemoryStore | RedisStore) -> None:
     await _room_in_window(LONG)
     limits = ContractLimits(feature_tpm=100)
     first = await admit(store, "a", limits, 10)
@@ -107,7 +108,7 @@ async def test_settle_never_goes_below_zero_and_skips_expired_windows(store) -> 
     assert await store.contract_window(LONG, first.window_start - LONG) is None
 
 
-async def test_window_rolls_over_and_old_counters_expire(store) -> None:
+async def test_window_rolls_over_and_old_counters_expire(store: MemoryStore | RedisStore) -> None:
     # 1 s windows whose counters live 2 s: the next window starts from zero.
     limits = ContractLimits(feature_rpm=1)
     await _room_in_window(1, margin=0.5)
@@ -126,7 +127,7 @@ async def test_window_rolls_over_and_old_counters_expire(store) -> None:
     assert await store.contract_window(1, first.window_start) is None
 
 
-async def test_current_window_is_read_by_the_store_clock(store) -> None:
+async def test_current_window_is_read_by_the_store_clock(store: MemoryStore | RedisStore) -> None:
     await _room_in_window(LONG)
     counted = await admit(store, "a", ContractLimits())
     window = await store.contract_window(LONG)
@@ -134,7 +135,7 @@ async def test_current_window_is_read_by_the_store_clock(store) -> None:
     assert window.requests["a"] == 1
 
 
-async def test_hostile_feature_names_get_distinct_fields(store) -> None:
+async def test_hostile_feature_names_get_distinct_fields(store: MemoryStore | RedisStore) -> None:
     await _room_in_window(LONG)
     names = ["a:inflight", "a", "{x}", "a b", "x" * 300, "y" * 300]
     for name in names:
@@ -147,7 +148,7 @@ async def test_hostile_feature_names_get_distinct_fields(store) -> None:
         await admit(store, BASKET_FIELD, ContractLimits())
 
 
-async def test_concurrent_admissions_count_exactly(store) -> None:
+async def test_concurrent_admissions_count_exactly(store: MemoryStore | RedisStore) -> None:
     await _room_in_window(LONG)
     limits = ContractLimits(feature_rpm=20, basket_rpm=60)
     results = await asyncio.gather(*(admit(store, "a", limits) for _ in range(100)))

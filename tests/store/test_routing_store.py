@@ -51,7 +51,7 @@ async def sync(
     )
 
 
-async def test_deltas_land_in_the_current_bucket_and_read_back_exactly(store) -> None:
+async def test_deltas_land_in_the_current_bucket_and_read_back_exactly(store: MemoryStore | RedisStore) -> None:
     current = await now_bucket(store)
     first = aggregate(10.0, 20.0, failures=1, ttft=0.2)
     snapshot = await sync(store, "g", {"dep-a": first, "dep/b {x}": aggregate(5.0)}, current)
@@ -66,7 +66,7 @@ async def test_deltas_land_in_the_current_bucket_and_read_back_exactly(store) ->
     assert got["dep-a"].mean_ttft == pytest.approx(0.2)
 
 
-async def test_replicas_add_up_in_one_bucket(store) -> None:
+async def test_replicas_add_up_in_one_bucket(store: MemoryStore | RedisStore) -> None:
     current = await now_bucket(store)
     await sync(store, "g", {"d": aggregate(10.0, 30.0)}, current)
     snapshot = await sync(store, "g", {"d": aggregate(20.0)}, current)
@@ -78,14 +78,14 @@ async def test_replicas_add_up_in_one_bucket(store) -> None:
     assert got.tokens == 30
 
 
-async def test_model_groups_are_separate(store) -> None:
+async def test_model_groups_are_separate(store: MemoryStore | RedisStore) -> None:
     current = await now_bucket(store)
     await sync(store, "g1", {"d": aggregate(10.0)}, current)
     snapshot = await sync(store, "g2", {}, current)
     assert snapshot.buckets == {}
 
 
-async def test_nothing_is_written_when_the_current_bucket_is_not_in_the_range(store) -> None:
+async def test_nothing_is_written_when_the_current_bucket_is_not_in_the_range(store: MemoryStore | RedisStore) -> None:
     current = await now_bucket(store)
     snapshot = await sync(store, "g", {"d": aggregate(10.0)}, current - 10)
     assert not snapshot.written
@@ -95,7 +95,7 @@ async def test_nothing_is_written_when_the_current_bucket_is_not_in_the_range(st
     assert (await sync(store, "g", {}, current - 10)).written
 
 
-async def test_range_returns_only_requested_buckets(store) -> None:
+async def test_range_returns_only_requested_buckets(store: MemoryStore | RedisStore) -> None:
     current = await now_bucket(store)
     await sync(store, "g", {"d": aggregate(10.0)}, current)
     snapshot = await sync(store, "g", {}, current + 5, first_bucket=current + 3, last_bucket=current + 5)
@@ -103,7 +103,7 @@ async def test_range_returns_only_requested_buckets(store) -> None:
     assert (snapshot.first_bucket, snapshot.last_bucket) == (current + 3, current + 5)
 
 
-async def test_rate_limit_headers_are_stamped_with_store_time(store) -> None:
+async def test_rate_limit_headers_are_stamped_with_store_time(store: MemoryStore | RedisStore) -> None:
     current = await now_bucket(store)
     obs = RateLimitObservation(remaining_requests=3, remaining_tokens=None, limit_requests=100, reset_seconds=6.0)
     snapshot = await store.routing_sync(
@@ -124,7 +124,7 @@ async def test_rate_limit_headers_are_stamped_with_store_time(store) -> None:
     assert got.fraction_left() == pytest.approx(0.03)
 
 
-async def test_every_key_has_a_ttl(store) -> None:
+async def test_every_key_has_a_ttl(store: MemoryStore | RedisStore) -> None:
     if not isinstance(store, RedisStore):
         pytest.skip("key TTLs are a Redis property (the memory store expires entries itself)")
     current = await now_bucket(store)
@@ -163,7 +163,7 @@ async def test_memory_store_expires_buckets_and_headers() -> None:
     assert snapshot.buckets == {}
 
 
-async def test_bad_range_is_refused(store) -> None:
+async def test_bad_range_is_refused(store: MemoryStore | RedisStore) -> None:
     with pytest.raises(ValueError):
         await store.routing_sync(
             "g", {}, {}, first_bucket=5, last_bucket=4, bucket_ms=WIDTH, bucket_ttl_ms=1, limits_ttl_ms=1

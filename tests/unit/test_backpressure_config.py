@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from litellm_ratebalance.backpressure.config import BackpressureSettings
 from litellm_ratebalance.errors import ConfigurationError
 from litellm_ratebalance.settings import parse_settings
 
 
-def backpressure(raw: dict[str, object]):
+def backpressure(raw: dict[str, object]) -> BackpressureSettings:
     return parse_settings({"ratebalance": {"backpressure": raw}}).ratebalance.backpressure
 
 

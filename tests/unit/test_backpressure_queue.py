@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from litellm_ratebalance.backpressure.queue import FairQueue
+from litellm_ratebalance.backpressure.queue import FairQueue, QueueEntry
 
 
-def push(q: FairQueue[str], item: str, client: str, cost: float, *, rank: int = 0, now: float = 0.0, **kw: float):
+def push(
+    q: FairQueue[str], item: str, client: str, cost: float, *, rank: int = 0, now: float = 0.0, **kw: float
+) -> QueueEntry[str] | None:
     return q.push(item, client=client, rank=rank, cost=cost, now=now, max_wait=kw.pop("max_wait", 10.0), **kw)
 
 

@@ -7,6 +7,7 @@ import pytest
 from litellm_ratebalance.backpressure.shedding import (
     Reason,
     Tiers,
+    Verdict,
     advice,
     decide,
     retry_after_seconds,
@@ -16,7 +17,7 @@ from litellm_ratebalance.backpressure.shedding import (
 )
 
 
-def verdict(rank: int = 0, n_tiers: int = 3, **kw: object):
+def verdict(rank: int = 0, n_tiers: int = 3, **kw: object) -> Verdict:
     args: dict[str, object] = dict(
         rank=rank,
         n_tiers=n_tiers,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import TypedDict
 
 import pytest
 
@@ -118,8 +119,13 @@ def test_nvml_read_failure_logs_once_and_recovers(caplog: pytest.LogCaptureFixtu
     assert sum("NVML reads work again" in m for m in messages) == 1
 
 
+class _Answers(TypedDict):
+    text: str
+    fail: bool
+
+
 async def test_board_degrades_on_unreachable_endpoint_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
-    answers = {"text": VLLM, "fail": False}
+    answers: _Answers = {"text": VLLM, "fail": False}
 
     async def fetch(url: str, timeout: float) -> str:
         if answers["fail"]:

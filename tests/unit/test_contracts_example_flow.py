@@ -22,6 +22,7 @@ from litellm_ratebalance.contracts.policy import (
     resolve_feature,
 )
 from litellm_ratebalance.settings import parse_settings
+from litellm_ratebalance.store import MemoryStore, RedisStore
 
 N, B, D = Mode.NORMAL, Mode.BORROWED, Mode.DEGRADED
 WINDOW = 60
@@ -150,7 +151,7 @@ def test_window_keys_follow_the_pr_layout() -> None:
 
 
 @pytest.mark.redis
-async def test_example_flow_on_the_store(store) -> None:
+async def test_example_flow_on_the_store(store: MemoryStore | RedisStore) -> None:
     # The store's clock picks the window, so use 2 s windows and start early in one.
     window, ttl = 2, 4
     left = window - (time.time() % window)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -41,7 +43,9 @@ def contracts(**raw: object):  # type: ignore[no-untyped-def]
 
 
 def test_resolution_order_request_key_team_tag() -> None:
-    everything = dict(request_feature="s2s", key_feature="ai", team_feature="s2s", admin_tags=["memories"])
+    everything: dict[str, Any] = dict(
+        request_feature="s2s", key_feature="ai", team_feature="s2s", admin_tags=["memories"]
+    )
     assert resolve_feature(BOOK, **everything, trust_request_feature=True).source == "request"
     assert resolve_feature(BOOK, **everything).feature == "smart-window"  # body not trusted: key next
     assert resolve_feature(BOOK, team_feature="s2s", admin_tags=["ai"]).source == "team"

@@ -5,6 +5,7 @@ ids in the in-flight book-keeping, and the store-only status accessor."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -462,7 +463,7 @@ def test_request_work_is_the_output_cap_plus_the_weighted_prompt(
     assert work == (pytest.approx(expected) if expected is not None else None)
 
 
-async def sized_deployment(**overrides: object) -> tuple[RateBalancer, Clock]:
+async def sized_deployment(**overrides: Any) -> tuple[RateBalancer, Clock]:
     """a: 0.1 s fixed + 100 tok/s, answers of every size from 20 to 200 tokens (rates 67 to 180 tok/s, a wide
     spread of rates from size alone); b steady."""
     balancer, clock = make_balancer(

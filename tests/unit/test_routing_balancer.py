@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -59,7 +60,7 @@ async def test_bootstrap_while_one_candidate_has_no_sample() -> None:
 
 
 @pytest.mark.parametrize("overrides", [{"window_seconds": 0}, {"greediness": 0.0}])
-async def test_round_robin_edges(overrides: dict[str, object]) -> None:
+async def test_round_robin_edges(overrides: dict[str, Any]) -> None:
     with pytest.warns(UserWarning) if overrides.get("greediness") == 0.0 else _no_warning():
         balancer, _ = make_balancer(**overrides)
     feed(balancer, G, "a", noisy(120, 30))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -125,7 +126,7 @@ def test_empirical_probability_is_the_share_above() -> None:
     assert probability_above(agg([10.0], failures=1), 0.0, "empirical") == pytest.approx(0.5)
 
 
-def states(*aggs: RateAggregate, **kw: float) -> list[DeploymentState]:
+def states(*aggs: RateAggregate, **kw: Any) -> list[DeploymentState]:
     return [DeploymentState(a, **kw) for a in aggs]
 
 
@@ -230,7 +231,7 @@ def test_reweigh_equals_computing_the_shares_afresh(estimator: str, seed: int) -
     # The balancer reuses the weights of candidates whose state did not change and reweighs the others:
     # the result must be what compute_shares gives for the new states at the same SLA.
     rng = random.Random(seed)
-    options = {"greediness": 0.6, "failure_penalty": 4.0, "prior_samples": 2.0}
+    options: dict[str, Any] = {"greediness": 0.6, "failure_penalty": 4.0, "prior_samples": 2.0}
 
     def random_state() -> DeploymentState:
         return DeploymentState(

@@ -3,6 +3,8 @@ successful samples. Explicit times."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from litellm_ratebalance.routing import Candidate, RateBalancer
@@ -108,7 +110,7 @@ async def test_an_unmeasured_deployments_overdue_bound_does_not_beat_the_sla() -
 
 
 # -- selection: least_loaded (the default) ----------------------------------------------------------------
-def two_close_deployments(seed: int, **overrides: object) -> tuple[RateBalancer, dict[str, float]]:
+def two_close_deployments(seed: int, **overrides: Any) -> tuple[RateBalancer, dict[str, float]]:
     balancer, _ = make_balancer(seed=seed, selection="least_loaded", **overrides)
     feed(balancer, G, "a", [100.0, 110.0, 90.0, 105.0, 95.0])
     feed(balancer, G, "b", [95.0, 100.0, 90.0, 98.0, 97.0])

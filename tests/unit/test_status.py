@@ -230,7 +230,9 @@ def test_deployment_ids_follow_litellm_router_rule(tmp_path: Path) -> None:
     ]
     path = _config(tmp_path, json.dumps({"model_list": model_list}))
     deployments = config_deployments(load_proxy_config(path))
-    expected = [d["model_info"]["id"] for d in Router(model_list=model_list).get_model_list()]
+    listed = Router(model_list=model_list).get_model_list()
+    assert listed is not None
+    expected = [d["model_info"]["id"] for d in listed]
     assert [d.deployment_id for d in deployments] == expected
     assert expected[1] == "b" and len(expected[0]) == 64  # LiteLLM's sha256 of the params
     assert group_capacity(deployments) == (12, 100)
