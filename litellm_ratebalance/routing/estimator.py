@@ -665,7 +665,8 @@ class LoadFit:
     """Upper bound of the lightest load level; level ``k`` above it holds loads up to ``UNLOADED_LOAD * 2**k``."""
     LEVELS = 8
     MIN_LEVEL_WEIGHT = 0.5
-    """Recency-weighted samples a load level needs to stand for the light-load rate."""
+    """Recency-weighted samples a load level needs before its mean rate stands for anything (the light-load
+    rate, or the prediction at a load of that level)."""
 
     def __init__(self) -> None:
         self.peak = 0.0
@@ -719,11 +720,8 @@ class LoadFit:
             # gave at about this load is the best guess. (The peak test alone misses a deployment whose
             # lightest samples were already slowed down, e.g. a 2-slot one first measured at 4 in flight:
             # its peak / light-load rate then stays near its busiest load.)
-            level = _load_level(load, self.UNLOADED_LOAD, self.LEVELS)
-            weight = self.level_weights[level]
-            if weight > self.MIN_LEVEL_WEIGHT:
-                return min(rate, self.level_sums[level] / weight)
-            return None
+            seen = self._level_mean(_load_level(load, self.UNLOADED_LOAD, self.LEVELS))
+            return None if seen is None else min(rate, seen)
         return min(rate, self.peak / load)
 
     def slowdown(self, load: float) -> float:
@@ -735,11 +733,17 @@ class LoadFit:
             return 1.0
         return light / expected
 
+    def _level_mean(self, level: int) -> float | None:
+        """Recency-weighted mean rate of the samples at load level ``level`` (None: too little weight)."""
+        weight = self.level_weights[level]
+        return self.level_sums[level] / weight if weight > self.MIN_LEVEL_WEIGHT else None
+
     def _light(self) -> tuple[float | None, float | None]:
         """(light-load rate, top of its load level), or (None, None) without a level of enough weight."""
-        for level, weight in enumerate(self.level_weights):
-            if weight > self.MIN_LEVEL_WEIGHT:
-                return self.level_sums[level] / weight, self.UNLOADED_LOAD * 2.0**level
+        for level in range(self.LEVELS):
+            mean = self._level_mean(level)
+            if mean is not None:
+                return mean, self.UNLOADED_LOAD * 2.0**level
         return None, None
 
     def slots(self) -> float | None:
