@@ -285,6 +285,28 @@ def _status_code(kwargs: Mapping[str, Any], payload: Mapping[str, Any]) -> int |
         return None
 
 
+def finish_call(balancer: RateBalancer, request_data: Mapping[str, Any]) -> bool:
+    """Tell the balancer that a call's answer is back, from the ``request_data`` of LiteLLM's
+    ``async_post_call_success_deployment_hook`` (called as the answer arrives, before the caller gets it;
+    the success is logged later, in the background). False when the call cannot be matched to a pick, or is
+    a stream (measured when it completes)."""
+    if request_data.get("stream"):
+        return False
+    info = request_data.get("model_info")
+    deployment_id = info.get("id") if isinstance(info, Mapping) else None
+    model_group = None
+    for key in ("metadata", "litellm_metadata"):
+        metadata = request_data.get(key)
+        if isinstance(metadata, Mapping) and isinstance(metadata.get("model_group"), str):
+            model_group = metadata["model_group"]
+            break
+    request_id = _request_id(request_data)
+    if not deployment_id or not model_group or request_id is None:
+        return False
+    balancer.finish(model_group, str(deployment_id), request_id)
+    return True
+
+
 def record_call(balancer: RateBalancer, kwargs: Mapping[str, Any], ok: bool) -> bool:
     """Record one finished call from LiteLLM's logging ``kwargs``; False when it is not a sample."""
     payload = kwargs.get("standard_logging_object")
@@ -402,6 +424,15 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
             _log_hook_error("async_filter_deployments")
             return healthy_deployments
 
+    async def async_post_call_success_deployment_hook(
+        self, request_data: dict[str, Any], response: Any, call_type: Any
+    ) -> None:
+        try:
+            finish_call(self.balancer(), request_data)
+        except Exception:
+            _log_hook_error("async_post_call_success_deployment_hook")
+        return None  # the response unchanged
+
     async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         try:
             record_call(self.balancer(), kwargs, ok=True)
@@ -421,6 +452,15 @@ class _StrategyRecorder(CustomLogger):  # type: ignore[misc]
     def __init__(self, strategy: RateBalancedRouting) -> None:
         super().__init__()
         self._strategy = strategy
+
+    async def async_post_call_success_deployment_hook(
+        self, request_data: dict[str, Any], response: Any, call_type: Any
+    ) -> None:
+        try:
+            finish_call(self._strategy.balancer(), request_data)
+        except Exception:
+            _log_hook_error("async_post_call_success_deployment_hook")
+        return None  # the response unchanged
 
     async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         try:

@@ -236,6 +236,7 @@ class _GroupView:
         "dirty_at",
         "earliest_due",
         "failure_streak",
+        "finished",
         "in_flight",
         "last_answer",
         "last_attempt",
@@ -250,6 +251,8 @@ class _GroupView:
         "probed_at",
         "probes",
         "ratios",
+        "second_opinions",
+        "single_answer",
         "sizes",
         "syncing",
         "wasted",
@@ -268,6 +271,9 @@ class _GroupView:
         self.pending_limits: dict[str, RateLimitObservation] = {}
         self.pending_since: float | None = None
         self.in_flight: dict[str, _InFlight] = {}
+        self.finished: dict[str, tuple[str, float, int, float, int]] = {}
+        """By request id: answers back (:meth:`RateBalancer.finish`) whose sample is not recorded yet, as
+        (deployment, start, load at start, expected latency, load when it finished); oldest first."""
         self.ratios: dict[str, float] = {}
         self.cutoff_ms: dict[str, float] = {}
         """Per deployment: store time (ms) before which its samples are ignored (a change was detected)."""
@@ -287,6 +293,12 @@ class _GroupView:
         """Deployments to send one request each, to re-measure them after another one changed."""
         self.probed_at = float("-inf")
         """Local time of the last round of re-measuring probes."""
+        self.second_opinions: dict[str, float] = {}
+        """Per deployment: local time of its last second-opinion request (see :meth:`RateBalancer._probe`);
+        dropped when a change is detected there."""
+        self.single_answer: set[str] = set()
+        """Deployments whose window (``derived.window_full``) holds a single answer (see :func:`_one_answer`);
+        kept up to date wherever the window changes, so a decision does not test every candidate."""
         self.loads: dict[str, LoadFit] = {}
         """Per deployment: this replica's fit of rate against load (``load_aware``)."""
         self.sizes: dict[str, SizeFit] = {}
@@ -445,9 +457,14 @@ class RateBalancer:
         latency = max(latency, MIN_LATENCY_SECONDS) if ok else max(latency, 0.0)
         now = self._clock()
         view = self._view(model_group)
-        queue = view.in_flight.get(deployment_id)
-        load_now = len(queue) if queue else 1
-        entry = queue.take(request_id) if queue else None
+        done = view.finished.pop(request_id, None) if request_id is not None and view.finished else None
+        if done is not None and done[0] == deployment_id:
+            entry: tuple[float, int, float] | None = done[1:4]
+            load_now = done[4]
+        else:
+            queue = view.in_flight.get(deployment_id)
+            load_now = len(queue) if queue else 1
+            entry = queue.take(request_id) if queue else None
         # The load this request shared the deployment with: between the one it met and the one it left.
         load = (entry[1] + load_now) / 2.0 if entry is not None else float(load_now)
         ratio = self.settings.ratio_for(model_group, input_to_output_ratio or view.ratios.get(deployment_id))
@@ -501,10 +518,33 @@ class RateBalancer:
             view.pending_since = now
         self._maybe_sync(model_group, view, now)
 
+    def finish(self, model_group: str, deployment_id: str, request_id: str | None) -> None:
+        """The answer of request ``request_id`` is back; its sample comes later (:meth:`record`).
+
+        LiteLLM logs a success in the background, often after the caller has sent its next request: until
+        then the request would still count as in flight here, so a deployment answering one request at a
+        time would look busy at every pick. From this call on it does not; :meth:`record` still dates the
+        sample and its load from the request's own start and finish. Without a ``request_id`` nothing is
+        done (its record could not be matched)."""
+        if request_id is None:
+            return
+        view = self._views.get(model_group)
+        queue = view.in_flight.get(deployment_id) if view is not None else None
+        if view is None or not queue or request_id not in queue:
+            return
+        load_now = len(queue)
+        start, load_at_start, expected = queue.pop(request_id)
+        finished = view.finished
+        if len(finished) >= _MAX_IN_FLIGHT:
+            del finished[next(iter(finished))]  # records that never came (the oldest)
+        finished[request_id] = (deployment_id, start, load_at_start, expected, load_now)
+
     def release(self, model_group: str, deployment_id: str, request_id: str | None = None) -> None:
         """Forget one request in flight at the deployment without recording a sample (the request, not the
         deployment, was at fault)."""
         view = self._views.get(model_group)
+        if view is not None and request_id is not None and view.finished.pop(request_id, None) is not None:
+            return
         queue = view.in_flight.get(deployment_id) if view is not None else None
         if queue:
             queue.take(request_id)
@@ -704,6 +744,7 @@ class RateBalancer:
                 _add_to(derived.window_full, deployment_id, bound)
                 if derived.window is not derived.window_full:
                     _add_to(derived.window, deployment_id, bound)
+        view.single_answer = {d for d, window in derived.window_full.items() if _one_answer(window)}
         # Samples recorded while this sync was in flight are not in the snapshot yet: keep them in the view.
         for deployment_id, pending in view.pending.items():
             self._add_local(view, deployment_id, pending)
@@ -718,6 +759,7 @@ class RateBalancer:
         _add_to(derived.window_full, deployment_id, sample)
         if derived.window is not derived.window_full:
             _add_to(derived.window, deployment_id, sample)
+        _note_answers(view, deployment_id)
         _add_to(derived.recent, deployment_id, sample)
         _add_to(derived.usage, deployment_id, sample)
         attempts, failures = derived.failure_weights.get(deployment_id, (0.0, 0.0))
@@ -1218,6 +1260,7 @@ class RateBalancer:
             target.pop(deployment_id, None)
         view.loads.pop(deployment_id, None)  # its load and size fits mix both regimes too
         view.sizes.pop(deployment_id, None)
+        view.second_opinions.pop(deployment_id, None)
         if evidence is not None:
             # The rate bound that revealed the change stands for the deployment until a sample from after
             # the change arrives (with no sample at all it would be stale: no weight, exploration aside).
@@ -1227,6 +1270,7 @@ class RateBalancer:
             _add_to(derived.window_full, deployment_id, bound)
             if derived.window is not derived.window_full:
                 _add_to(derived.window, deployment_id, bound)
+        _note_answers(view, deployment_id)
         if now - view.probed_at >= self._change_cooldown:
             # One round of re-measuring per half-life and group: the changes it reveals in turn must not
             # start another round at once (each would send a request to every deployment again).
@@ -1238,16 +1282,27 @@ class RateBalancer:
 
     def _probe(self, view: _GroupView, candidates: Sequence[Candidate], now: float) -> int | None:
         """Index of a candidate due for a re-measuring request (None: none due), unless it has a request in
-        flight already: after another deployment changed, each one once; and a deployment whose recent
-        attempts mostly failed (or that is failing as a whole, see :data:`_FAILURE_STREAK`), once per
-        ``failure_half_life_seconds`` (so its recovery is seen within a few seconds, at the cost of one
-        request each time it is still failing)."""
+        flight already: after another deployment changed, each one once; a deployment whose window holds a
+        single answer (no spread to fit, so one answer slowed by a hiccup would write it off until exploration
+        finds it again), once per ``window_seconds`` and after each change detected there; and a deployment
+        whose recent attempts mostly failed (or that is failing as a whole, see :data:`_FAILURE_STREAK`),
+        once per ``failure_half_life_seconds`` (so its recovery is seen within a few seconds, at the cost of
+        one request each time it is still failing)."""
         if view.probes:
             for i, c in enumerate(candidates):
                 if c.id in view.probes:
                     view.probes.discard(c.id)
                     if not view.in_flight.get(c.id):
                         return i
+        single = view.single_answer
+        if single:
+            asked = view.second_opinions
+            ask_again_after = now - self.settings.window_seconds
+            for i, c in enumerate(candidates):
+                due = c.id in single and asked.get(c.id, ask_again_after) <= ask_again_after
+                if due and not view.in_flight.get(c.id):
+                    asked[c.id] = now
+                    return i
         retry_after = self.settings.failure_half_life_seconds
         if retry_after <= 0 or self.settings.failure_penalty <= 0:
             return None
@@ -1291,7 +1346,8 @@ class RateBalancer:
         self, view: _GroupView, candidates: Sequence[Candidate], shares: Sequence[float], now: float
     ) -> int:
         """``selection: least_loaded`` (weighted least connections): the candidate with the fewest requests
-        in flight here for its share, ``(in flight + 1) / share``, ties drawn at random. A failure logged
+        in flight here for its share, ``(in flight + 1) / share``, ties drawn at random; with none in flight
+        here at any candidate, a draw weighted by the shares. A failure logged
         here counts as in flight for the deployment's typical latency (a deployment that fails at once
         would otherwise look idle and draw every request). ``shares`` are the ones without the exploration
         part; the ``exploration_share`` of the decisions is a uniform draw instead, so each candidate keeps
@@ -1304,6 +1360,7 @@ class RateBalancer:
         best = -1
         best_score = math.inf
         ties = 0
+        idle = True
         for i, c in enumerate(candidates):
             share = shares[i]
             if share <= 0.0:
@@ -1315,6 +1372,8 @@ class RateBalancer:
                 while wasted and wasted[0] <= now:
                     wasted.popleft()
                 busy += len(wasted)
+            if busy:
+                idle = False
             score = (busy + 1.0) / share
             if score < best_score * (1.0 - 1e-9):
                 best, best_score, ties = i, score, 1
@@ -1322,7 +1381,12 @@ class RateBalancer:
                 ties += 1
                 if rng.randrange(ties) == 0:  # an even draw among equal scores
                     best = i
-        return best if best >= 0 else self._draw(shares)
+        if idle or best < 0:
+            # Nothing in flight here: no load to balance, and the lowest score would be the largest share
+            # every time (one request at a time would then never reach the others, whose shares could
+            # only grow from their own samples). The proposal's weighted draw.
+            return self._draw(shares)
+        return best
 
     def _draw(self, shares: Sequence[float]) -> int:
         point = self._rng.random()
@@ -1411,6 +1475,27 @@ def _change_scale(view: _GroupView, deployment_id: str) -> tuple[float, float] |
     if mean is None:
         return None
     return mean, max(window.std, 0.1 * mean)
+
+
+def _one_answer(window: RateAggregate | None) -> bool:
+    """Whether ``window`` holds successful answers that all gave the same rate (one answer, in practice):
+    the normal fit of such a window is a point mass, which beats an SLA either surely or never."""
+    if window is None:
+        return False
+    ok = window.count - window.failures
+    if ok <= 1e-9:
+        return False
+    mean = window.rate_sum / ok
+    variance = window.rate_sq_sum / ok - mean * mean
+    return variance <= 1e-12 * max(1.0, mean * mean)
+
+
+def _note_answers(view: _GroupView, deployment_id: str) -> None:
+    """Bring ``view.single_answer`` up to date after the deployment's window changed."""
+    if _one_answer(view.derived.window_full.get(deployment_id)):
+        view.single_answer.add(deployment_id)
+    else:
+        view.single_answer.discard(deployment_id)
 
 
 def _add_to(target: dict[str, RateAggregate], deployment_id: str, agg: RateAggregate, weight: float = 1.0) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from litellm_ratebalance.proxy.routing import RateBalancerCallback, deployment_candidates, record_call
+from litellm_ratebalance.proxy.routing import RateBalancerCallback, deployment_candidates, finish_call, record_call
 from litellm_ratebalance.routing import Candidate
 from tests.unit.routing_support import feed, make_balancer
 
@@ -80,6 +80,40 @@ async def test_failures_count_unless_the_request_was_at_fault(overrides: dict[st
     assert estimate.failures == (1 if counted else 0)
     if counted:
         assert estimate.mean_rate == 0.0
+
+
+def request_data(**overrides: Any) -> dict[str, Any]:
+    """What LiteLLM passes ``async_post_call_success_deployment_hook`` (the call's kwargs), in part."""
+    data: dict[str, Any] = {
+        "model": "openai/a",
+        "model_info": {"id": "a"},
+        "metadata": {"model_group": "g"},
+        "litellm_trace_id": "t1",
+    }
+    data.update(overrides)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("overrides", "finished"),
+    [
+        ({}, True),
+        ({"metadata": None, "litellm_metadata": {"model_group": "g"}}, True),  # the proxy's other routes
+        ({"stream": True}, False),  # measured when it completes
+        ({"litellm_trace_id": None}, False),
+        ({"model_info": None}, False),
+        ({"metadata": {}}, False),
+    ],
+)
+def test_an_answer_back_ends_its_pick_in_flight(overrides: dict[str, Any], finished: bool) -> None:
+    balancer, _ = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0)
+    balancer.choose("g", (Candidate("a"), Candidate("b")), "t1")
+    picked = next(d for d, queue in balancer._views["g"].in_flight.items() if queue)
+    data = request_data(**overrides)
+    if data.get("model_info"):
+        data["model_info"] = {"id": picked}
+    assert finish_call(balancer, data) is finished
+    assert (not balancer._views["g"].in_flight[picked]) is finished
 
 
 def test_calls_without_a_deployment_or_from_cache_are_not_samples() -> None:

@@ -172,10 +172,42 @@ async def test_a_surprising_sample_drops_old_samples_and_probes_the_others() -> 
     assert estimates["a"].samples == 1 and estimates["a"].mean_rate == pytest.approx(20.0)
     await balancer.refresh(G)  # the shared view does not bring the old samples back
     assert balancer.estimates(G, abc)["a"].samples == 1
-    # The next two picks re-measure b and c (one request each), then the weights decide again.
+    # The next two picks re-measure b and c (one request each), the third asks a for a second answer (its
+    # window holds one), then the weights decide again.
     first, second = abc[balancer.choose(G, abc)].id, abc[balancer.choose(G, abc)].id
     assert {first, second} == {"b", "c"}
     assert balancer._views[G].probes == set()
+    assert abc[balancer.choose(G, abc)].id == "a"
+
+
+async def test_a_deployment_known_from_one_answer_is_asked_once_more() -> None:
+    balancer, _ = make_balancer(bucket_seconds=1)
+    feed(balancer, G, "b", [90.0, 100.0, 110.0])
+    feed(balancer, G, "a", [20.0])  # its first answer met a hiccup: a point mass far below the SLA
+    await balancer.refresh(G)
+    assert balancer.weights(G, AB)["a"] == 0.0
+    assert AB[balancer.choose(G, AB)].id == "a"  # a second answer, to see a spread
+    assert AB[balancer.choose(G, AB)].id == "b"  # not while that one is in flight
+    balancer.record(G, "a", latency=1.0, output_tokens=300)
+    await balancer.refresh(G)
+    assert balancer.weights(G, AB)["a"] > 0.3
+
+
+async def test_a_second_opinion_is_asked_once_per_window_length() -> None:
+    balancer, clock = make_balancer(bucket_seconds=1, window_seconds=10)
+    feed(balancer, G, "b", [90.0, 100.0, 110.0])
+    feed(balancer, G, "a", [20.0])
+    await balancer.refresh(G)
+    assert AB[balancer.choose(G, AB)].id == "a"
+    balancer.release(G, "a")  # the request failed on its own account: no answer, a still has one
+    assert [AB[balancer.choose(G, AB)].id for _ in range(50)].count("a") == 0
+    # A window length later (here its answer has left the window and a new one came), it is asked again.
+    clock.advance(12.0)
+    feed(balancer, G, "b", [90.0, 100.0, 110.0])
+    feed(balancer, G, "a", [20.0])
+    await balancer.refresh(G)
+    assert balancer.estimates(G, AB)["a"].samples == 1
+    assert AB[balancer.choose(G, AB)].id == "a"
 
 
 async def test_an_unsurprising_sample_changes_nothing() -> None:
@@ -199,6 +231,34 @@ async def test_request_ids_match_finishes_to_their_own_start() -> None:
     assert list(queue) == ["slow"] and queue.oldest() == T0  # the slow one is still in flight
     balancer.release(G, "a", request_id="slow")
     assert len(queue) == 0
+
+
+async def test_a_finished_request_stops_counting_as_in_flight_before_its_record() -> None:
+    balancer, clock = make_balancer(load_aware=True, in_flight_evidence=True, stall_latency_factor=0.0)
+    one = (Candidate("a"),)
+    balancer.choose(G, one, request_id="first")
+    clock.advance(0.5)
+    balancer.finish(G, "a", "first")  # its answer is back; LiteLLM logs it later
+    balancer.finish(G, "a", "unknown")  # nothing picked under that id: nothing happens
+    assert balancer.estimates(G, one)["a"].in_flight == 0
+    balancer.choose(G, one, request_id="second")  # the caller's next request, before the log
+    balancer.record(G, "a", latency=0.5, output_tokens=50, request_id="first")
+    view = balancer._views[G]
+    assert list(view.in_flight["a"]) == ["second"] and not view.finished
+    # Its sample's load is the one it met and left (1, itself), not 1.5 with the next request counted.
+    assert view.loads["a"].max_load == 1.0
+    balancer.release(G, "a", request_id="second")
+    assert len(view.in_flight["a"]) == 0
+
+
+async def test_a_finished_request_released_leaves_the_others_in_flight() -> None:
+    balancer, _ = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0)
+    one = (Candidate("a"),)
+    balancer.choose(G, one, request_id="first")
+    balancer.choose(G, one, request_id="second")
+    balancer.finish(G, "a", "first")
+    balancer.release(G, "a", request_id="first")  # e.g. the record found the request at fault
+    assert list(balancer._views[G].in_flight["a"]) == ["second"] and not balancer._views[G].finished
 
 
 async def test_routing_status_reads_the_store_alone() -> None:

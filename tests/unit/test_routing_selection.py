@@ -119,13 +119,17 @@ def two_close_deployments(seed: int, **overrides: Any) -> tuple[RateBalancer, di
     return balancer, weights
 
 
-async def test_least_loaded_with_nothing_in_flight_picks_the_bigger_share() -> None:
-    # (0 + 1) / share is lowest for the biggest share: greedy when idle, as the oracle is.
-    balancer, _ = two_close_deployments(seed=3)
-    for _ in range(200):
+async def test_least_loaded_with_nothing_in_flight_draws_by_the_shares() -> None:
+    # (0 + 1) / share would be lowest for the biggest share every time: one request at a time would all go
+    # to a, and b, a little behind, would never get the samples that could put it ahead.
+    balancer, weights = two_close_deployments(seed=3)
+    picks = []
+    for _ in range(2000):
         picked = AB[balancer.choose(G, AB)].id
-        assert picked == "a"
+        picks.append(picked)
         balancer.release(G, picked)
+    # binomial(2000, share): 4 standard deviations are under 0.045
+    assert abs(picks.count("b") / 2000 - weights["b"]) < 0.045, (weights, picks.count("b"))
 
 
 async def test_least_loaded_passes_over_a_deployment_whose_requests_pile_up() -> None:
