@@ -1347,7 +1347,7 @@ class RateBalancer:
     ) -> int:
         """``selection: least_loaded`` (weighted least connections): the candidate with the fewest requests
         in flight here for its share, ``(in flight + 1) / share``, ties drawn at random; with none in flight
-        here at any candidate, a draw weighted by the shares. A failure logged
+        here at any candidate, the one with a share whose expected rate is highest. A failure logged
         here counts as in flight for the deployment's typical latency (a deployment that fails at once
         would otherwise look idle and draw every request). ``shares`` are the ones without the exploration
         part; the ``exploration_share`` of the decisions is a uniform draw instead, so each candidate keeps
@@ -1381,11 +1381,36 @@ class RateBalancer:
                 ties += 1
                 if rng.randrange(ties) == 0:  # an even draw among equal scores
                     best = i
-        if idle or best < 0:
-            # Nothing in flight here: no load to balance, and the lowest score would be the largest share
-            # every time (one request at a time would then never reach the others, whose shares could
-            # only grow from their own samples). The proposal's weighted draw.
+        if best < 0:
             return self._draw(shares)
+        if idle:
+            # Nothing in flight here: no load to balance. The lowest score is then the largest share, the
+            # probability of beating an SLA that the deployment with the most samples sets; with one
+            # request at a time a faster deployment just behind it in share would never get the samples
+            # that could put it ahead. Greedy by what the oracle looks at instead: the expected rate.
+            return self._best_expected_rate(view, candidates, shares, best)
+        return best
+
+    def _best_expected_rate(
+        self, view: _GroupView, candidates: Sequence[Candidate], shares: Sequence[float], fallback: int
+    ) -> int:
+        """Index of the candidate with a share whose window promises the highest mean rate at one request in
+        flight (failures as rate 0, the load fit's correction added); ``fallback`` when one of them has no
+        samples (bootstrap or stale) or the shares were not worked out for this candidate set."""
+        cached = view.cache.get(tuple(candidates))
+        if cached is None:
+            return fallback
+        best = fallback
+        best_rate = -math.inf
+        for i, state in enumerate(cached.idle):
+            if shares[i] <= 0.0:
+                continue
+            window = state.window
+            if window.count <= 0.0:
+                return fallback
+            rate = (window.rate_sum + (window.count - window.failures) * state.load_shift) / window.count
+            if rate > best_rate:
+                best, best_rate = i, rate
         return best
 
     def _draw(self, shares: Sequence[float]) -> int:
