@@ -121,7 +121,8 @@ class RoutingSettings(SettingsModel):
     ``(in flight + 1) / share``, ties drawn at random; a failure counts as in flight for the rest of a typical
     latency, so a deployment that fails at once does not look idle; the ``exploration_share`` of decisions
     is a uniform draw. A deployment whose requests pile up (slow, stalled, at its capacity) is passed over at
-    once."""
+    once. With nothing in flight here at any candidate, the one with a share whose samples promise the
+    highest mean rate is picked (greedy when idle)."""
 
     @model_validator(mode="before")
     @classmethod
