@@ -525,8 +525,8 @@ class RateBalancer:
         then the request would still count as in flight here, so a deployment answering one request at a
         time would look busy at every pick. From this call on it does not; :meth:`record` still dates the
         sample and its load from the request's own start and finish. Without a ``request_id`` nothing is
-        done (its record could not be matched)."""
-        if request_id is None:
+        done (its record could not be matched), nor unless ``end_pick_on_answer`` is set."""
+        if request_id is None or not self.settings.end_pick_on_answer:
             return
         view = self._views.get(model_group)
         queue = view.in_flight.get(deployment_id) if view is not None else None

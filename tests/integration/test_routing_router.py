@@ -152,14 +152,16 @@ async def answers_leave_no_request_in_flight(r: Any, balancer: RateBalancer) -> 
 
 
 async def test_proxy_callback_ends_a_pick_when_its_answer_is_back() -> None:
-    configure(settings=parse_settings({"ratebalance": {"routing": ROUTING}}), store=MemoryStore())
+    routing = {**ROUTING, "end_pick_on_answer": True}
+    configure(settings=parse_settings({"ratebalance": {"routing": routing}}), store=MemoryStore())
     litellm.callbacks = [rate_balancer]
     await answers_leave_no_request_in_flight(router(FAST, SLOW), rate_balancer.balancer())
 
 
 async def test_sdk_strategy_ends_a_pick_when_its_answer_is_back() -> None:
     r = router(FAST, SLOW)
-    strategy = RateBalancedRouting(r, RoutingSettings(**ROUTING), store=MemoryStore()).install()
+    settings = RoutingSettings(**ROUTING, end_pick_on_answer=True)
+    strategy = RateBalancedRouting(r, settings, store=MemoryStore()).install()
     try:
         await answers_leave_no_request_in_flight(r, strategy.balancer())
     finally:

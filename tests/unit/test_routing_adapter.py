@@ -106,7 +106,7 @@ def request_data(**overrides: Any) -> dict[str, Any]:
     ],
 )
 def test_an_answer_back_ends_its_pick_in_flight(overrides: dict[str, Any], finished: bool) -> None:
-    balancer, _ = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0)
+    balancer, _ = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0, end_pick_on_answer=True)
     balancer.choose("g", (Candidate("a"), Candidate("b")), "t1")
     picked = next(d for d, queue in balancer._views["g"].in_flight.items() if queue)
     data = request_data(**overrides)

@@ -234,7 +234,9 @@ async def test_request_ids_match_finishes_to_their_own_start() -> None:
 
 
 async def test_a_finished_request_stops_counting_as_in_flight_before_its_record() -> None:
-    balancer, clock = make_balancer(load_aware=True, in_flight_evidence=True, stall_latency_factor=0.0)
+    balancer, clock = make_balancer(
+        load_aware=True, in_flight_evidence=True, stall_latency_factor=0.0, end_pick_on_answer=True
+    )
     one = (Candidate("a"),)
     balancer.choose(G, one, request_id="first")
     clock.advance(0.5)
@@ -251,8 +253,16 @@ async def test_a_finished_request_stops_counting_as_in_flight_before_its_record(
     assert len(view.in_flight["a"]) == 0
 
 
-async def test_a_finished_request_released_leaves_the_others_in_flight() -> None:
+async def test_an_answer_back_counts_in_flight_until_logged_by_default() -> None:
     balancer, _ = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0)
+    one = (Candidate("a"),)
+    balancer.choose(G, one, request_id="first")
+    balancer.finish(G, "a", "first")
+    assert list(balancer._views[G].in_flight["a"]) == ["first"]
+
+
+async def test_a_finished_request_released_leaves_the_others_in_flight() -> None:
+    balancer, _ = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0, end_pick_on_answer=True)
     one = (Candidate("a"),)
     balancer.choose(G, one, request_id="first")
     balancer.choose(G, one, request_id="second")
