@@ -292,18 +292,12 @@ def finish_call(balancer: RateBalancer, request_data: Mapping[str, Any]) -> bool
     a stream (measured when it completes)."""
     if request_data.get("stream"):
         return False
-    info = request_data.get("model_info")
-    deployment_id = info.get("id") if isinstance(info, Mapping) else None
-    model_group = None
-    for key in ("metadata", "litellm_metadata"):
-        metadata = request_data.get(key)
-        if isinstance(metadata, Mapping) and isinstance(metadata.get("model_group"), str):
-            model_group = metadata["model_group"]
-            break
+    info = _litellm.request_deployment_info(request_data)
+    model_group = _litellm.request_metadata(request_data).get("model_group")
     request_id = _request_id(request_data)
-    if not deployment_id or not model_group or request_id is None:
+    if info is None or not isinstance(model_group, str) or not model_group or request_id is None:
         return False
-    balancer.finish(model_group, str(deployment_id), request_id)
+    balancer.finish(model_group, str(info["id"]), request_id)
     return True
 
 

@@ -396,13 +396,14 @@ class RateBalancer:
         if n == 1:
             index = 0
         else:
-            computed = self._shares(view, candidates, now, detect=True)
+            cached = self._cached(view, candidates, now)
+            computed = self._shares(view, candidates, now, detect=True, cached=cached)
             shares: Sequence[float] = computed.shares
             probe = self._probe(view, candidates, now)
             if probe is not None:
                 index = probe
             elif self._least_loaded:
-                index = self._least_loaded_pick(view, candidates, computed.exploit or shares, now)
+                index = self._least_loaded_pick(view, candidates, computed.exploit or shares, now, cached.idle)
             elif self._smooth:
                 if computed.mode == "bootstrap":
                     shares = self._bootstrap_picks(view, candidates, shares)
@@ -855,9 +856,8 @@ class RateBalancer:
         return derived
 
     # -- shares ---------------------------------------------------------------------------------------
-    def _shares(self, view: _GroupView, candidates: Sequence[Candidate], now: float, *, detect: bool = False) -> Shares:
-        """Shares of a candidate set now: the cached ones of this sync, adjusted for what the requests in
-        flight here show (stalls, overdue requests, load) when there are any."""
+    def _cached(self, view: _GroupView, candidates: Sequence[Candidate], now: float) -> _Cached:
+        """The candidate set's states and idle shares as of this sync (worked out once per cache)."""
         key = tuple(candidates)
         if view.dirty_at is not None and now - view.dirty_at >= _LOCAL_RECOMPUTE_SECONDS:
             view.cache.clear()
@@ -868,6 +868,22 @@ class RateBalancer:
             if len(view.cache) >= _MAX_CACHED_SETS:
                 view.cache.clear()
             view.cache[key] = cached
+        return cached
+
+    def _shares(
+        self,
+        view: _GroupView,
+        candidates: Sequence[Candidate],
+        now: float,
+        *,
+        detect: bool = False,
+        cached: _Cached | None = None,
+    ) -> Shares:
+        """Shares of a candidate set now: the cached ones of this sync (``cached``, when the caller has
+        them), adjusted for what the requests in flight here show (stalls, overdue requests, load) when
+        there are any."""
+        if cached is None:
+            cached = self._cached(view, candidates, now)
         shares = cached.shares
         in_flight = view.in_flight
         if not in_flight or not any(in_flight.get(c.id) for c in candidates):
@@ -1343,7 +1359,12 @@ class RateBalancer:
         return picks
 
     def _least_loaded_pick(
-        self, view: _GroupView, candidates: Sequence[Candidate], shares: Sequence[float], now: float
+        self,
+        view: _GroupView,
+        candidates: Sequence[Candidate],
+        shares: Sequence[float],
+        now: float,
+        idle_states: Sequence[DeploymentState],
     ) -> int:
         """``selection: least_loaded`` (weighted least connections): the candidate with the fewest requests
         in flight here for its share, ``(in flight + 1) / share``, ties drawn at random; with none in flight
@@ -1388,29 +1409,7 @@ class RateBalancer:
             # probability of beating an SLA that the deployment with the most samples sets; with one
             # request at a time a faster deployment just behind it in share would never get the samples
             # that could put it ahead. Greedy by what the oracle looks at instead: the expected rate.
-            return self._best_expected_rate(view, candidates, shares, best)
-        return best
-
-    def _best_expected_rate(
-        self, view: _GroupView, candidates: Sequence[Candidate], shares: Sequence[float], fallback: int
-    ) -> int:
-        """Index of the candidate with a share whose window promises the highest mean rate at one request in
-        flight (failures as rate 0, the load fit's correction added); ``fallback`` when one of them has no
-        samples (bootstrap or stale) or the shares were not worked out for this candidate set."""
-        cached = view.cache.get(tuple(candidates))
-        if cached is None:
-            return fallback
-        best = fallback
-        best_rate = -math.inf
-        for i, state in enumerate(cached.idle):
-            if shares[i] <= 0.0:
-                continue
-            window = state.window
-            if window.count <= 0.0:
-                return fallback
-            rate = (window.rate_sum + (window.count - window.failures) * state.load_shift) / window.count
-            if rate > best_rate:
-                best, best_rate = i, rate
+            return _best_expected_rate(idle_states, shares, best)
         return best
 
     def _draw(self, shares: Sequence[float]) -> int:
@@ -1502,16 +1501,31 @@ def _change_scale(view: _GroupView, deployment_id: str) -> tuple[float, float] |
     return mean, max(window.std, 0.1 * mean)
 
 
+def _best_expected_rate(idle_states: Sequence[DeploymentState], shares: Sequence[float], fallback: int) -> int:
+    """Index of the candidate with a share whose window promises the highest mean rate at one request in
+    flight (failures as rate 0, the load fit's correction added); ``fallback`` when one of them has no
+    samples (bootstrap or stale)."""
+    best = fallback
+    best_rate = -math.inf
+    for i, state in enumerate(idle_states):
+        if shares[i] <= 0.0:
+            continue
+        window = state.window
+        if window.count <= 0.0:
+            return fallback
+        rate = (window.rate_sum + (window.count - window.failures) * state.load_shift) / window.count
+        if rate > best_rate:
+            best, best_rate = i, rate
+    return best
+
+
 def _one_answer(window: RateAggregate | None) -> bool:
     """Whether ``window`` holds successful answers that all gave the same rate (one answer, in practice):
     the normal fit of such a window is a point mass, which beats an SLA either surely or never."""
-    if window is None:
+    moments = window.ok_moments() if window is not None else None
+    if moments is None:
         return False
-    ok = window.count - window.failures
-    if ok <= 1e-9:
-        return False
-    mean = window.rate_sum / ok
-    variance = window.rate_sq_sum / ok - mean * mean
+    _, mean, variance = moments
     return variance <= 1e-12 * max(1.0, mean * mean)
 
 

@@ -225,6 +225,14 @@ class RateAggregate:
         mean = self.rate_sum / self.count
         return math.sqrt(max(self.rate_sq_sum / self.count - mean * mean, 0.0))
 
+    def ok_moments(self) -> tuple[float, float, float] | None:
+        """(weight, mean rate, variance of the rates) of the successful samples; None without any."""
+        ok = self.count - self.failures
+        if ok <= 1e-9:
+            return None
+        mean = self.rate_sum / ok
+        return ok, mean, self.rate_sq_sum / ok - mean * mean
+
     @property
     def mean_ok_rate(self) -> float | None:
         """Mean rate of the successful samples."""
@@ -381,16 +389,16 @@ def probability_above(
         return 0.0
     if estimator == "empirical":
         return _share_above(aggregate, max(sla - shift, 0.0))
-    ok = aggregate.count - aggregate.failures
-    if ok <= 1e-9:
+    moments = aggregate.ok_moments()
+    if moments is None:
         return 0.0
+    ok, mean, variance = moments
     # Failures are samples of rate 0, so the rates are a mixture: zeros, and the successful answers. The
     # normal fit is of the answers alone, times their share; one normal through the zeros and the answers
     # together would put its mass between them, where neither lies (for a deployment that fails a quarter
     # of its requests fast, a mean three quarters of its rate and a spread as wide as the gap).
     ok_share = min(ok / aggregate.count, 1.0)
-    mean = aggregate.rate_sum / ok
-    ok_std = math.sqrt(max(aggregate.rate_sq_sum / ok - mean * mean, 0.0))
+    ok_std = math.sqrt(max(variance, 0.0))
     mean += shift
     std = ok_std if spread is None else min(ok_std, spread)
     if std <= 1e-12 * max(1.0, abs(mean)):
