@@ -288,9 +288,10 @@ def _status_code(kwargs: Mapping[str, Any], payload: Mapping[str, Any]) -> int |
 def finish_call(balancer: RateBalancer, request_data: Mapping[str, Any]) -> bool:
     """Tell the balancer that a call's answer is back, from the ``request_data`` of LiteLLM's
     ``async_post_call_success_deployment_hook`` (called as the answer arrives, before the caller gets it;
-    the success is logged later, in the background). False when the call cannot be matched to a pick, or is
-    a stream (measured when it completes)."""
-    if request_data.get("stream"):
+    the success is logged later, in the background). False when ``end_pick_on_answer`` is off (checked
+    first: the hook runs for every successful call, and nothing is parsed for it then), when the call cannot
+    be matched to a pick, or when it is a stream (measured when it completes)."""
+    if not balancer.settings.end_pick_on_answer or request_data.get("stream"):
         return False
     info = _litellm.request_deployment_info(request_data)
     model_group = _litellm.request_metadata(request_data).get("model_group")

@@ -116,6 +116,13 @@ def test_an_answer_back_ends_its_pick_in_flight(overrides: dict[str, Any], finis
     assert (not balancer._views["g"].in_flight[picked]) is finished
 
 
+def test_an_answer_back_is_not_looked_at_with_end_pick_on_answer_off() -> None:
+    balancer, _ = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0)
+    balancer.choose("g", (Candidate("a"),), "t1")
+    assert finish_call(balancer, request_data()) is False
+    assert list(balancer._views["g"].in_flight["a"]) == ["t1"]
+
+
 def test_calls_without_a_deployment_or_from_cache_are_not_samples() -> None:
     balancer, _ = make_balancer()
     assert not record_call(balancer, payload(model_id=None), ok=False)
