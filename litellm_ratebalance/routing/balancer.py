@@ -1274,7 +1274,13 @@ class RateBalancer:
         derived = view.derived
         for target in (derived.window_full, derived.window):
             target.pop(deployment_id, None)
-        view.loads.pop(deployment_id, None)  # its load and size fits mix both regimes too
+        old_fit = view.loads.pop(deployment_id, None)  # its load and size fits mix both regimes too
+        if old_fit is not None:
+            # How many requests it serves at full speed is a property of its hardware, which a change of rate
+            # seldom is: the slots learnt stand until the new regime shows its own.
+            carried = old_fit.slots()
+            if carried is not None:
+                view.loads[deployment_id] = LoadFit(carried_slots=carried)
         view.sizes.pop(deployment_id, None)
         view.second_opinions.pop(deployment_id, None)
         if evidence is not None:

@@ -632,6 +632,11 @@ def recency_weight(age_seconds: float, half_life_seconds: float) -> float:
 SATURATION_EVIDENCE = 0.8
 """A deployment counts as seen saturated when its peak throughput is below this share of what its busiest
 load would give at the unloaded rate."""
+SATURATION_MIN_WEIGHT = 3.0
+"""Recency-weighted samples a load level needs to count in the peak throughput and the busiest load: the mean
+of one or two answers of mixed sizes can sit 25 % below the light-load rate on a deployment with slots to
+spare. (The light-load rate itself needs only ``LoadFit.MIN_LEVEL_WEIGHT``: a deployment with few slots is
+seldom seen nearly idle.)"""
 
 
 class LoadFit:
@@ -641,8 +646,11 @@ class LoadFit:
     request, itself included (the mean of what it met and what it left). Recency-weighted figures (times
     are explicit, no clock; they fade with ``half_life_seconds``):
 
-    * the **peak throughput** ``max(load x rate)``: a deployment with ``c`` slots at ``r`` tokens/s each peaks
-      at about ``c x r``, so at a load above ``c`` each request gets about ``peak / load``;
+    * the **peak throughput**, the highest ``mean load x mean rate`` of a load level: a deployment with ``c``
+      slots at ``r`` tokens/s each peaks at about ``c x r``, so at a load above ``c`` each request gets about
+      ``peak / load``. Level means, not single samples: the load of one sample is a rough mean of what it met
+      and what it left, and one answer that met a crowd which left at once would set a peak far above what
+      the deployment serves, hiding its saturation;
     * the **light-load rate**: the mean rate of the samples at the lightest load level seen (levels: a load
       of at most :data:`UNLOADED_LOAD`, then doubling ranges above it). For a deployment that is sometimes
       nearly idle that is its unloaded rate; one that is never idle (every sample met a few requests) is
@@ -653,11 +661,17 @@ class LoadFit:
     deployment's window mean. So a deployment with few slots is not piled onto, gets its full rate back in
     the estimate when it is idle, and one with many slots is not held back once it has been seen busy. At a
     load above any level seen, an unsaturated fit predicts nothing (the window mean stands).
+
+    ``carried_slots``: the slots a deployment's previous fit had learnt, when a change of its rate was
+    detected (its rates from before are dropped, its capacity seldom changes with them). They stand until
+    this fit sees saturation of its own, or sees the deployment busier than them and no slower for it.
     """
 
     __slots__ = (
         "_derived",
+        "carried_slots",
         "last",
+        "level_loads",
         "level_sums",
         "level_weights",
         "max_load",
@@ -676,27 +690,30 @@ class LoadFit:
     """Recency-weighted samples a load level needs before its mean rate stands for anything (the light-load
     rate, or the prediction at a load of that level)."""
 
-    def __init__(self) -> None:
+    def __init__(self, carried_slots: float | None = None) -> None:
+        self.carried_slots = carried_slots
+        """Slots learnt before a change of regime, standing until this fit learns its own."""
         self.peak = 0.0
         self.samples = 0
         self.level_sums = [0.0] * self.LEVELS
+        self.level_loads = [0.0] * self.LEVELS
         self.level_weights = [0.0] * self.LEVELS
         self.residual_sq_sum = 0.0
         self.residual_weight = 0.0
         self.max_load = 0.0
+        """Mean load of the busiest load level with weight enough (:data:`SATURATION_MIN_WEIGHT`)."""
         self.last = float("-inf")
-        self._derived: tuple[float | None, float | None, float | None, float | None] = (None, None, None, None)
+        self._derived: tuple[float | None, float | None, float | None, float | None] = (None, None, carried_slots, None)
         """(light-load rate, top of its load level, slots, spread) as of the last sample."""
 
     def add(self, now: float, load: float, rate: float, half_life_seconds: float) -> None:
         if half_life_seconds > 0.0 and self.samples and now > self.last:
             factor = 0.5 ** ((now - self.last) / half_life_seconds)
-            self.peak *= factor
             self.level_sums = [x * factor for x in self.level_sums]
+            self.level_loads = [x * factor for x in self.level_loads]
             self.level_weights = [x * factor for x in self.level_weights]
             self.residual_sq_sum *= factor
             self.residual_weight *= factor
-            self.max_load *= factor
         predicted = self.expected_rate(load)
         if predicted is not None:
             # How far samples fall from the prediction at their own load: the spread left once load is known.
@@ -704,20 +721,35 @@ class LoadFit:
             self.residual_weight += 1.0
         self.last = max(self.last, now)
         self.samples += 1
-        self.peak = max(self.peak, load * rate)
-        self.max_load = max(self.max_load, load)
         level = _load_level(load, self.UNLOADED_LOAD, self.LEVELS)
         self.level_sums[level] += rate
+        self.level_loads[level] += load
         self.level_weights[level] += 1.0
         light = self._light()
+        self.peak, self.max_load = self._throughput()
         self._derived = (*light, self._slots(light), self._spread())
+
+    def _throughput(self) -> tuple[float, float]:
+        """(peak, busiest load): the highest ``mean load x mean rate`` of a load level with weight enough
+        (:data:`SATURATION_MIN_WEIGHT`), and the highest mean load of such a level. Level means, not single
+        samples: one answer that met a crowd which left at once would otherwise set a peak far above what the
+        deployment can serve."""
+        peak = 0.0
+        busiest = 0.0
+        for level in range(self.LEVELS):
+            weight = self.level_weights[level]
+            if weight >= SATURATION_MIN_WEIGHT:
+                load = self.level_loads[level] / weight
+                peak = max(peak, load * self.level_sums[level] / weight)
+                busiest = max(busiest, load)
+        return peak, busiest
 
     def expected_rate(self, load: float) -> float | None:
         """Rate one request is expected to get at ``load`` requests in flight (None: unknown): the light-load
-        rate up to the top of its load level, capped by ``peak / load`` once the deployment has been seen
-        saturated. Before that, above the light-load level: the mean rate seen at ``load``'s own level (at
-        most the light-load rate) when that level has samples enough, else None (a load never seen says
-        nothing either way)."""
+        rate up to the top of its load level, capped by ``slots x light-load rate / load`` (``peak / load``)
+        once the deployment has been seen saturated, or carries slots. Before that, above the light-load
+        level: the mean rate seen at ``load``'s own level (at most the light-load rate) when that level has
+        samples enough, else None (a load never seen says nothing either way)."""
         rate, ceiling, slots, _ = self._derived
         if rate is None or ceiling is None or load <= 0 or self.samples < self.MIN_SAMPLES:
             return None
@@ -730,7 +762,7 @@ class LoadFit:
             # its peak / light-load rate then stays near its busiest load.)
             seen = self._level_mean(_load_level(load, self.UNLOADED_LOAD, self.LEVELS))
             return None if seen is None else min(rate, seen)
-        return min(rate, self.peak / load)
+        return min(rate, rate * slots / load)
 
     def slowdown(self, load: float) -> float:
         """How many times longer a request takes at ``load`` than at light load: ``light-load rate /
@@ -764,13 +796,18 @@ class LoadFit:
 
     def _slots(self, light: tuple[float | None, float | None]) -> float | None:
         """Requests the deployment serves at full speed, ``peak / light-load rate``, once it has been seen
-        saturated (busier than that, and slower for it); None while every load seen was served at about
-        full speed (its capacity is then unknown, not small)."""
+        saturated (busier than that, and slower for it); else the carried slots while no load beyond them
+        has been seen; else None: every load seen was served at about full speed (its capacity is then
+        unknown, not small)."""
         rate = light[0]
         if self.samples < self.MIN_SAMPLES or rate is None or rate <= 0.0:
-            return None
+            return self.carried_slots
         slots = self.peak / rate
-        return slots if slots < SATURATION_EVIDENCE * self.max_load else None
+        if slots < SATURATION_EVIDENCE * self.max_load:
+            return slots
+        # Not seen saturated in this regime: the slots carried over stand while it has not been seen busier.
+        carried = self.carried_slots
+        return carried if carried is not None and self.max_load < carried else None
 
     def _spread(self) -> float | None:
         """Root mean square distance of the samples from the prediction at their load (None: too few)."""
