@@ -674,8 +674,6 @@ class LoadFit:
         "level_loads",
         "level_sums",
         "level_weights",
-        "max_load",
-        "peak",
         "residual_sq_sum",
         "residual_weight",
         "samples",
@@ -693,15 +691,12 @@ class LoadFit:
     def __init__(self, carried_slots: float | None = None) -> None:
         self.carried_slots = carried_slots
         """Slots learnt before a change of regime, standing until this fit learns its own."""
-        self.peak = 0.0
         self.samples = 0
         self.level_sums = [0.0] * self.LEVELS
         self.level_loads = [0.0] * self.LEVELS
         self.level_weights = [0.0] * self.LEVELS
         self.residual_sq_sum = 0.0
         self.residual_weight = 0.0
-        self.max_load = 0.0
-        """Mean load of the busiest load level with weight enough (:data:`SATURATION_MIN_WEIGHT`)."""
         self.last = float("-inf")
         self._derived: tuple[float | None, float | None, float | None, float | None] = (None, None, carried_slots, None)
         """(light-load rate, top of its load level, slots, spread) as of the last sample."""
@@ -726,7 +721,6 @@ class LoadFit:
         self.level_loads[level] += load
         self.level_weights[level] += 1.0
         light = self._light()
-        self.peak, self.max_load = self._throughput()
         self._derived = (*light, self._slots(light), self._spread())
 
     def _throughput(self) -> tuple[float, float]:
@@ -802,12 +796,13 @@ class LoadFit:
         rate = light[0]
         if self.samples < self.MIN_SAMPLES or rate is None or rate <= 0.0:
             return self.carried_slots
-        slots = self.peak / rate
-        if slots < SATURATION_EVIDENCE * self.max_load:
+        peak, busiest = self._throughput()
+        slots = peak / rate
+        if slots < SATURATION_EVIDENCE * busiest:
             return slots
         # Not seen saturated in this regime: the slots carried over stand while it has not been seen busier.
         carried = self.carried_slots
-        return carried if carried is not None and self.max_load < carried else None
+        return carried if carried is not None and busiest < carried else None
 
     def _spread(self) -> float | None:
         """Root mean square distance of the samples from the prediction at their load (None: too few)."""
