@@ -63,6 +63,10 @@ _STALL_QUORUM = 3
 stalled as a whole."""
 _MAX_STALL_SCAN = 1024
 _FAILURE_STREAK = 4
+_MEDIAN_STEP = math.exp(0.05)
+"""Factor by which the running median of request sizes moves per request (see :func:`_small_request`)."""
+_SMALL_BOOST = 2.0
+"""Exploration draws per small request, relative to ``exploration_share``: half the sized requests are small."""
 """Failures in a row recorded here, with no successful answer between them, that show a deployment is
 failing as a whole: its recent attempts then count as all failed until it answers again (its recent failure
 share alone is diluted by the successes before the failures began, for a few failure half-lives). Four in a
@@ -255,6 +259,7 @@ class _GroupView:
         "single_answer",
         "sizes",
         "syncing",
+        "typical_work",
         "wasted",
     )
 
@@ -313,6 +318,9 @@ class _GroupView:
         self.credits: dict[str, float] = {}
         """Per deployment: smooth weighted round-robin credit (``selection: smooth``), in decisions."""
         self.derived = _Derived()
+        self.typical_work: float | None = None
+        """A running estimate of the median ``work`` of the requests of known size chosen for here (see
+        :meth:`RateBalancer.choose`); None before the first."""
         self.wasted: dict[str, collections.deque[float]] = {}
         """Per deployment (``selection: least_loaded``): local times until which this replica's recent
         failures there count as requests in flight (see :meth:`RateBalancer._least_loaded_pick`)."""
@@ -399,11 +407,17 @@ class RateBalancer:
             cached = self._cached(view, candidates, now)
             computed = self._shares(view, candidates, now, detect=True, cached=cached)
             shares: Sequence[float] = computed.shares
-            probe = self._probe(view, candidates, now)
+            # Re-measuring and exploring go to requests of at most the typical size: a small request measures
+            # a deployment as well as a large one, and a large one sent to a slow deployment is the request
+            # that waits longest (the tail of the latency). Sizes unknown: every request may go.
+            small = _small_request(view, work)
+            probe = self._probe(view, candidates, now) if small else None
             if probe is not None:
                 index = probe
             elif self._least_loaded:
-                index = self._least_loaded_pick(view, candidates, computed.exploit or shares, now, cached.idle)
+                exploit = computed.exploit or shares
+                sized = work is not None
+                index = self._least_loaded_pick(view, candidates, exploit, now, cached.idle, explore=small, sized=sized)
             elif self._smooth:
                 if computed.mode == "bootstrap":
                     shares = self._bootstrap_picks(view, candidates, shares)
@@ -1309,7 +1323,8 @@ class RateBalancer:
         finds it again), once per ``window_seconds`` and after each change detected there; and a deployment
         whose recent attempts mostly failed (or that is failing as a whole, see :data:`_FAILURE_STREAK`),
         once per ``failure_half_life_seconds`` (so its recovery is seen within a few seconds, at the cost of
-        one request each time it is still failing)."""
+        one request each time it is still failing). :meth:`choose` asks only for requests of at most the
+        typical size: a due probe waits for the next of those."""
         if view.probes:
             for i, c in enumerate(candidates):
                 if c.id in view.probes:
@@ -1371,6 +1386,9 @@ class RateBalancer:
         shares: Sequence[float],
         now: float,
         idle_states: Sequence[DeploymentState],
+        *,
+        explore: bool = True,
+        sized: bool = False,
     ) -> int:
         """``selection: least_loaded`` (weighted least connections): the candidate with the fewest requests
         in flight here for its share, ``(in flight + 1) / share``, ties drawn at random; with none in flight
@@ -1378,9 +1396,11 @@ class RateBalancer:
         here counts as in flight for the deployment's typical latency (a deployment that fails at once
         would otherwise look idle and draw every request). ``shares`` are the ones without the exploration
         part; the ``exploration_share`` of the decisions is a uniform draw instead, so each candidate keeps
-        being measured whatever its load here. O(candidates)."""
+        being measured whatever its load here. Only requests with ``explore`` set are drawn for it; when
+        requests are ``sized``, those are the half at most the typical size (see :func:`_small_request`), so
+        they are drawn twice as often and the share of decisions stays the same. O(candidates)."""
         rng = self._rng
-        if rng.random() < self.settings.exploration_share:
+        if explore and rng.random() < self.settings.exploration_share * (_SMALL_BOOST if sized else 1.0):
             return rng.randrange(len(candidates))
         in_flight = view.in_flight
         wasted_by = view.wasted
@@ -1451,6 +1471,20 @@ class RateBalancer:
 _CREDIT_LIMIT = 1.0
 """Bound of a smooth round-robin credit, in decisions: a deployment whose share fell sharply (or that was not a
 candidate for a while) neither owes nor is owed more than one pick."""
+
+
+def _small_request(view: _GroupView, work: float | None) -> bool:
+    """Whether a request of ``work`` is at most the typical size here (True when its size is unknown, or no
+    size is known yet); moves the typical size (a running median) toward it. The median moves by a fixed
+    fraction per request, up or down, so it settles where half the requests are above it."""
+    if work is None or work <= 0.0:
+        return True
+    typical = view.typical_work
+    if typical is None:
+        view.typical_work = work
+        return True
+    view.typical_work = typical * (_MEDIAN_STEP if work > typical else 1.0 / _MEDIAN_STEP)
+    return work <= typical
 
 
 def _smooth_pick(credits: dict[str, float], candidates: Sequence[Candidate], shares: Sequence[float]) -> int:

@@ -127,7 +127,9 @@ class RoutingSettings(SettingsModel):
     with the fewest requests in flight here for its share (without the exploration part),
     ``(in flight + 1) / share``, ties drawn at random; a failure counts as in flight for the rest of a typical
     latency, so a deployment that fails at once does not look idle; the ``exploration_share`` of decisions
-    is a uniform draw. A deployment whose requests pile up (slow, stalled, at its capacity) is passed over at
+    is a uniform draw (when requests carry ``max_tokens``, drawn among those of at most the typical size,
+    twice as often: the same share of decisions, and no long answer sent just to measure a slow
+    deployment). A deployment whose requests pile up (slow, stalled, at its capacity) is passed over at
     once. With nothing in flight here at any candidate, the one with a share whose samples promise the
     highest mean rate is picked (greedy when idle)."""
 

@@ -97,10 +97,15 @@ class Summary:
     p50_latency: float
     """Over successful requests."""
     p95_latency: float
+    """Over successful requests."""
     goodput: float
     """Output tokens of successful requests per second, from the epoch to the last completion."""
     errors: int
     error_kinds: dict[str, int] = field(default_factory=dict)
+    p95_latency_all: float = math.nan
+    """Over every request, a failed one at the time it took to fail (a timeout at the timeout): what a
+    client waited, whatever came back. A strategy can lower the p95 of successful requests by sending more
+    requests where they fail fast; this one does not reward that."""
 
 
 def summarise(results: Sequence[RequestResult], ratio: float = 250.0) -> Summary:
@@ -121,6 +126,7 @@ def summarise(results: Sequence[RequestResult], ratio: float = 250.0) -> Summary
         goodput=sum(r.completion_tokens for r in ok) / span if span > 0 else 0.0,
         errors=len(results) - len(ok),
         error_kinds=dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+        p95_latency_all=percentile([r.latency for r in results], 95),
     )
 
 

@@ -197,6 +197,44 @@ async def test_a_deployment_known_from_one_answer_is_asked_once_more() -> None:
     assert balancer.weights(G, AB)["a"] > 0.3
 
 
+async def test_a_second_opinion_waits_for_a_request_of_at_most_the_typical_size() -> None:
+    balancer, _ = make_balancer(bucket_seconds=1)
+    feed(balancer, G, "b", [90.0, 100.0, 110.0])
+    feed(balancer, G, "a", [20.0])
+    await balancer.refresh(G)
+    balancer._view(G).typical_work = 50.0  # as learnt from earlier requests
+    assert [AB[balancer.choose(G, AB, work=200.0)].id for _ in range(3)] == ["b"] * 3  # large: not to a
+    assert AB[balancer.choose(G, AB, work=20.0)].id == "a"  # the next small request measures a
+
+
+def test_the_typical_size_settles_at_the_median() -> None:
+    balancer, _ = make_balancer()
+    view = balancer._view(G)
+    for i in range(3000):
+        balancer.choose(G, AB, work=10.0 + (i * 37 % 100))  # sizes 10..109 in a fixed shuffle
+    assert view.typical_work is not None and 50.0 < view.typical_work < 70.0
+
+
+async def test_exploration_goes_to_small_requests_at_the_same_overall_share() -> None:
+    sent_to_b: dict[str, int] = {}
+    for sized in (True, False):
+        balancer, _ = make_balancer(seed=7, selection="least_loaded", exploration_share=0.1)
+        feed(balancer, G, "a", [100.0, 105.0, 95.0] * 3)
+        feed(balancer, G, "b", [20.0, 22.0, 18.0] * 3)  # far below the SLA: b gets only exploration
+        await balancer.refresh(G)
+        for i in range(4000):
+            work = 10.0 + (i * 37 % 100)  # sizes 10..109 in a fixed shuffle: the typical size is about 60
+            chosen = AB[balancer.choose(G, AB, work=work if sized else None)].id
+            balancer.release(G, chosen)
+            if chosen == "b":
+                key = "unsized" if not sized else "small" if work <= 60.0 else "large"
+                sent_to_b[key] = sent_to_b.get(key, 0) + 1
+    assert sent_to_b.get("large", 0) <= 10, sent_to_b  # large ones only while the typical size was moving
+    # 10 % of all decisions explore either way (half of them land on b): about 200 requests to b.
+    assert 150 <= sent_to_b["small"] <= 250, sent_to_b
+    assert 150 <= sent_to_b["unsized"] <= 250, sent_to_b
+
+
 async def test_a_second_opinion_is_asked_once_per_window_length() -> None:
     balancer, clock = make_balancer(bucket_seconds=1, window_seconds=10)
     feed(balancer, G, "b", [90.0, 100.0, 110.0])

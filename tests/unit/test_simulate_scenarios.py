@@ -112,6 +112,18 @@ def test_summary_counts_failures_as_zero_rate() -> None:
     assert math.isnan(percentile([], 50))
 
 
+def test_summary_p95_of_every_request_counts_the_wait_for_a_failure() -> None:
+    # Nine quick answers and a timeout: the successful requests' p95 never sees the 4 s wait, the p95 of
+    # every request does; fast failures pull it down instead.
+    quick = [_result(i, 0.5 + 0.01 * i, True) for i in range(9)]
+    summary = summarise([*quick, _result(9, 4.0, False)], 250.0)
+    assert summary.p95_latency == pytest.approx(0.576)  # between 0.57 and 0.58
+    assert summary.p95_latency_all == pytest.approx(percentile([r.latency for r in quick] + [4.0], 95))
+    assert summary.p95_latency_all > 2.0
+    fast_failures = summarise([*quick, *(_result(10 + i, 0.05, False) for i in range(5))], 250.0)
+    assert fast_failures.p95_latency_all < fast_failures.p95_latency
+
+
 async def test_cluster_in_a_child_process_serves_resets_and_updates() -> None:
     specs = [DeploymentSpec("a", Behaviour(token_rate=4000.0, base_latency=0.0))]
     async with MockClusterProcess(specs) as cluster, httpx.AsyncClient() as client:
