@@ -63,14 +63,14 @@ _STALL_QUORUM = 3
 stalled as a whole."""
 _MAX_STALL_SCAN = 1024
 _FAILURE_STREAK = 4
-_MEDIAN_STEP = math.exp(0.05)
-"""Factor by which the running median of request sizes moves per request (see :func:`_small_request`)."""
-_SMALL_BOOST = 2.0
-"""Exploration draws per small request, relative to ``exploration_share``: half the sized requests are small."""
 """Failures in a row recorded here, with no successful answer between them, that show a deployment is
 failing as a whole: its recent attempts then count as all failed until it answers again (its recent failure
 share alone is diluted by the successes before the failures began, for a few failure half-lives). Four in a
 row come by chance once in 256 runs of four requests to a deployment that fails a quarter of them."""
+_MEDIAN_STEP = math.exp(0.05)
+"""Factor by which the running median of request sizes moves per request (see :func:`_small_request`)."""
+_SMALL_BOOST = 2.0
+"""Exploration draws per small request, relative to ``exploration_share``: half the sized requests are small."""
 _LOCAL_RECOMPUTE_SECONDS = 0.05
 """Cached shares include this replica's newest samples at most this late (the next sync includes them all)."""
 _SLOTS_HEADROOM = 0.5
@@ -410,13 +410,14 @@ class RateBalancer:
             # Re-measuring and exploring go to requests of at most the typical size: a small request measures
             # a deployment as well as a large one, and a large one sent to a slow deployment is the request
             # that waits longest (the tail of the latency). Sizes unknown: every request may go.
-            small = _small_request(view, work)
+            # (a size that is not a positive finite number counts as unknown: it must not poison the median)
+            sized = work is not None and 0.0 < work < math.inf
+            small = _small_request(view, work) if work is not None and sized else True
             probe = self._probe(view, candidates, now) if small else None
             if probe is not None:
                 index = probe
             elif self._least_loaded:
                 exploit = computed.exploit or shares
-                sized = work is not None
                 index = self._least_loaded_pick(view, candidates, exploit, now, cached.idle, explore=small, sized=sized)
             elif self._smooth:
                 if computed.mode == "bootstrap":
@@ -1473,12 +1474,10 @@ _CREDIT_LIMIT = 1.0
 candidate for a while) neither owes nor is owed more than one pick."""
 
 
-def _small_request(view: _GroupView, work: float | None) -> bool:
-    """Whether a request of ``work`` is at most the typical size here (True when its size is unknown, or no
-    size is known yet); moves the typical size (a running median) toward it. The median moves by a fixed
+def _small_request(view: _GroupView, work: float) -> bool:
+    """Whether a request of ``work`` (positive, finite) is at most the typical size here (True while no size
+    is known yet); moves the typical size (a running median) toward it. The median moves by a fixed
     fraction per request, up or down, so it settles where half the requests are above it."""
-    if work is None or work <= 0.0:
-        return True
     typical = view.typical_work
     if typical is None:
         view.typical_work = work

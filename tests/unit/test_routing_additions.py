@@ -207,6 +207,17 @@ async def test_a_second_opinion_waits_for_a_request_of_at_most_the_typical_size(
     assert AB[balancer.choose(G, AB, work=20.0)].id == "a"  # the next small request measures a
 
 
+@pytest.mark.parametrize("work", [math.nan, math.inf, 0.0, -5.0])
+async def test_a_size_that_is_not_a_positive_number_counts_as_unknown(work: float) -> None:
+    balancer, _ = make_balancer(bucket_seconds=1)
+    feed(balancer, G, "b", [90.0, 100.0, 110.0])
+    feed(balancer, G, "a", [20.0])
+    await balancer.refresh(G)
+    balancer._view(G).typical_work = 50.0
+    assert AB[balancer.choose(G, AB, work=work)].id == "a"  # like a request of unknown size, it may measure a
+    assert balancer._view(G).typical_work == 50.0  # and the typical size does not move
+
+
 def test_the_typical_size_settles_at_the_median() -> None:
     balancer, _ = make_balancer()
     view = balancer._view(G)
