@@ -65,6 +65,10 @@ from litellm_ratebalance.simulate.scenarios import SCENARIOS, Scenario, build_sc
 
 BUILT_INS = ("simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2")
 STRATEGIES = (*BUILT_INS, "ours", "oracle")
+EXTRA_STRATEGIES = ("ours-slots",)
+"""Run only when named: ``ours-slots`` is ours with each deployment's true capacity configured as
+``model_info.slots`` (what a user who knows a server's concurrency, e.g. vLLM's ``--max-num-seqs``, can
+set). It shows what learning the slots leaves on the table; it is not part of the targets."""
 MODEL_GROUP = "bench"
 RATIO = 250.0
 PROXY_SCENARIO = "drift"
@@ -106,7 +110,9 @@ class Run:
 
 
 # -- strategies -------------------------------------------------------------------------------------------
-def _model_list(scenario: Scenario, api_bases: dict[str, str], tag: str, group: str) -> list[dict[str, Any]]:
+def _model_list(
+    scenario: Scenario, api_bases: dict[str, str], tag: str, group: str, *, slots: bool = False
+) -> list[dict[str, Any]]:
     return [
         {
             "model_name": group,
@@ -117,7 +123,11 @@ def _model_list(scenario: Scenario, api_bases: dict[str, str], tag: str, group: 
                 "max_retries": 0,  # no hidden SDK retries: one request = one routing decision
                 "timeout": scenario.workload.timeout,
             },
-            "model_info": {"id": f"{tag}-{spec.name}", MOCK_NAME_KEY: spec.name},
+            "model_info": {
+                "id": f"{tag}-{spec.name}",
+                MOCK_NAME_KEY: spec.name,
+                **({"slots": spec.behaviour.capacity} if slots else {}),
+            },
         }
         for spec in scenario.deployments
     ]
@@ -154,7 +164,7 @@ def _make_router(
     strategy: str, scenario: Scenario, api_bases: dict[str, str], epoch: float, tag: str
 ) -> tuple[Any, Callable[[str], None] | None, Callable[[], None], Any]:
     """(router, on_done(request_id) or None, teardown, our balancer or None)."""
-    model_list = _model_list(scenario, api_bases, tag, _group(tag))
+    model_list = _model_list(scenario, api_bases, tag, _group(tag), slots=strategy == "ours-slots")
     common: dict[str, Any] = {"num_retries": 0, "timeout": scenario.workload.timeout}
     if strategy in BUILT_INS:
         router = litellm.Router(model_list=model_list, routing_strategy=strategy, **common)
@@ -165,7 +175,7 @@ def _make_router(
         oracle = OracleRouting(router, specs, epoch, ratio=RATIO)
         router.set_custom_routing_strategy(oracle)
         return router, oracle.finished, router.discard, None
-    if strategy == "ours":
+    if strategy in ("ours", "ours-slots"):
         from litellm_ratebalance.proxy.routing import RateBalancedRouting
         from litellm_ratebalance.routing.balancer import RateBalancer
         from litellm_ratebalance.routing.config import RoutingSettings
@@ -515,7 +525,7 @@ async def run_seed(
     args: argparse.Namespace, seed: int, duration: float, run_no: int, workdir: Path, with_proxy: bool
 ) -> dict[str, list[Run]]:
     """Every scenario and strategy for one seed (plus the proxy runs when ``with_proxy``)."""
-    strategies = [s for s in STRATEGIES if s in args.strategies]
+    strategies = [s for s in (*STRATEGIES, *EXTRA_STRATEGIES) if s in args.strategies]
     runs_by: dict[str, list[Run]] = {}
     for name in args.scenarios:
         scenario = build_scenario(name, duration=duration, seed=seed)
@@ -715,7 +725,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=None, help="seconds of arrivals per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="one full pass per seed (default 1)")
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=[*STRATEGIES, *EXTRA_STRATEGIES])
     parser.add_argument("--no-proxy", dest="proxy", action="store_false", help="skip the run through the proxy")
     parser.add_argument(
         "--ours",

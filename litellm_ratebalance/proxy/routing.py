@@ -86,6 +86,13 @@ def _non_negative(value: object) -> float | None:
     return number if number >= 0 and math.isfinite(number) else None
 
 
+def _slots(value: object) -> float | None:
+    # Like model_info.input_to_output_ratio, a value that is not a number of at least 1 is not used (the
+    # deployment's slots are then learnt), so a typo in model_info never fails a request.
+    number = _positive(value)
+    return number if number is not None and number >= 1.0 else None
+
+
 def _deployment_id(deployment: Mapping[str, Any]) -> str | None:
     info = deployment.get("model_info")
     value = info.get("id") if type(info) is dict or isinstance(info, Mapping) else None
@@ -113,6 +120,7 @@ def _candidate(deployment: Mapping[str, Any]) -> Candidate | None:
         _positive(info.get("input_to_output_ratio")),
         _positive(params.get("tpm", deployment.get("tpm"))),
         _positive(params.get("rpm", deployment.get("rpm"))),
+        _slots(info.get("slots")),
     )
     if len(_candidate_cache) >= _CANDIDATE_CACHE_SIZE:
         _candidate_cache.clear()  # the Router replaced its model list (or many routers): start over
@@ -123,9 +131,10 @@ def _candidate(deployment: Mapping[str, Any]) -> Candidate | None:
 def deployment_candidates(deployments: Sequence[Mapping[str, Any]]) -> tuple[Candidate, ...] | None:
     """The balancer's view of LiteLLM deployment dicts (None when one lacks a ``model_info.id``).
 
-    The ratio comes from ``model_info.input_to_output_ratio``; tpm / rpm from ``litellm_params`` (or the
-    deployment's top level, where LiteLLM also accepts them). A dict is read once and remembered (the
-    Router passes the same dicts each time and builds new ones when its model list changes).
+    The ratio comes from ``model_info.input_to_output_ratio``, the slots from ``model_info.slots``; tpm / rpm
+    from ``litellm_params`` (or the deployment's top level, where LiteLLM also accepts them). A dict is read
+    once and remembered (the Router passes the same dicts each time and builds new ones when its model list
+    changes).
     """
     out: list[Candidate] = []
     for deployment in deployments:

@@ -106,6 +106,9 @@ class Candidate(NamedTuple):
     tpm: float | None = None
     """Configured tokens per minute; the share shrinks as the last minute's usage nears it."""
     rpm: float | None = None
+    slots: float | None = None
+    """Configured requests it serves at full speed (``model_info.slots``); stands for the slots the load fit
+    would learn: the share shrinks as this replica's requests in flight fill them, to 0 when full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -973,14 +976,25 @@ class RateBalancer:
             )
             if timed:
                 state_at_load, weight = self._evidence_state(
-                    view, c.id, i, cached, queue, oldest, now, stall_limit, expected, detect=detect, sla=sla
+                    view,
+                    c.id,
+                    i,
+                    cached,
+                    queue,
+                    oldest,
+                    now,
+                    stall_limit,
+                    expected,
+                    detect=detect,
+                    sla=sla,
+                    slots=c.slots,
                 )
             else:
                 # Nothing timed to see (stalled or overdue): the state depends on the load only.
                 known = memo.get((i, busy))
                 if known is None:
                     known = memo[(i, busy)] = self._evidence_state(
-                        view, c.id, i, cached, queue, oldest, now, None, None, detect=False, sla=sla
+                        view, c.id, i, cached, queue, oldest, now, None, None, detect=False, sla=sla, slots=c.slots
                     )
                 state_at_load, weight = known
             if state_at_load is None:
@@ -1009,15 +1023,17 @@ class RateBalancer:
         *,
         detect: bool,
         sla: float | None,
+        slots: float | None = None,
     ) -> tuple[DeploymentState | None, tuple[float, float] | None]:
         """One candidate's state with its requests in flight here (None: its idle state stands), and its
         :func:`weigh` result given the ``sla``. ``stall_limit`` / ``expected``: the stall cut-off and the
-        (latency, work) for overdue evidence, or None where there is none to look for."""
+        (latency, work) for overdue evidence, or None where there is none to look for. ``slots``: the
+        candidate's configured slots, if any."""
         s = self.settings
         derived = view.derived
         state = cached.states[index]
         shift, spread, slots_left = _load_correction(
-            view.loads if s.load_aware else None, deployment_id, float(len(queue)), state.window.mean
+            view.loads if s.load_aware else None, deployment_id, float(len(queue)), state.window.mean, slots
         )
         stalled = 0
         if stall_limit is not None and oldest <= stall_limit:
@@ -1148,9 +1164,9 @@ class RateBalancer:
         s = self.settings
         loads = view.loads if s.load_aware else None
         idle = list(states)
-        if loads:
+        if loads or any(c.slots for c in candidates):
             for i, c in enumerate(candidates):
-                shift, spread, slots_left = _load_correction(loads, c.id, 0.0, states[i].window.mean)
+                shift, spread, slots_left = _load_correction(loads, c.id, 0.0, states[i].window.mean, c.slots)
                 if shift != 0.0 or spread is not None or slots_left != 1.0:
                     state = states[i]
                     idle[i] = DeploymentState(
@@ -1515,14 +1531,22 @@ def _smooth_pick(credits: dict[str, float], candidates: Sequence[Candidate], sha
 
 
 def _load_correction(
-    loads: dict[str, LoadFit] | None, deployment_id: str, busy: float, window_mean: float
+    loads: dict[str, LoadFit] | None,
+    deployment_id: str,
+    busy: float,
+    window_mean: float,
+    configured_slots: float | None = None,
 ) -> tuple[float, float | None, float]:
     """(load shift, load spread, slots-left multiplier) of a deployment with ``busy`` requests in flight
-    here, for the decision that would add one more; (0, None, 1) without a load fit."""
+    here, for the decision that would add one more; (0, None, 1) without a load fit or configured slots.
+    Configured slots stand for the learnt ones."""
     fit = loads.get(deployment_id) if loads is not None else None
     if fit is None:
-        return 0.0, None, 1.0
-    slots = fit.slots()
+        if configured_slots is None:
+            return 0.0, None, 1.0
+        left = max(configured_slots - busy, 0.0) / configured_slots
+        return 0.0, None, headroom_multiplier(left, _SLOTS_HEADROOM)
+    slots = configured_slots or fit.slots()
     # Seen saturated: scale the share down as its learnt slots fill up (to 0 when full).
     slots_left = 1.0 if slots is None else headroom_multiplier(max(slots - busy, 0.0) / slots, _SLOTS_HEADROOM)
     return fit.shift(busy + 1.0, window_mean), fit.spread(), slots_left

@@ -46,6 +46,25 @@ def test_candidates_read_ratio_and_limits() -> None:
     assert deployment_candidates([{"litellm_params": {}}]) is None
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (8, 8.0),
+        ("2", 2.0),
+        (1, 1.0),
+        (0.5, None),
+        (0, None),
+        (-3, None),
+        ("x", None),
+        (True, None),
+        (float("nan"), None),
+    ],
+)
+def test_candidates_read_configured_slots_and_ignore_values_below_one(value: object, expected: float | None) -> None:
+    (got,) = deployment_candidates([deployment("a", model_info={"slots": value})]) or ()
+    assert got.slots == expected
+
+
 async def test_success_payload_becomes_a_sample_with_headers() -> None:
     balancer, _ = make_balancer()
     headers = {

@@ -390,6 +390,32 @@ async def test_shares_shrink_as_learnt_slots_fill_up() -> None:
     assert one_busy > 0.5 and balancer.weights(G, AB)["a"] < 0.01  # both learnt slots taken
 
 
+@pytest.mark.parametrize("load_aware", [False, True])
+async def test_configured_slots_cap_the_share_before_any_are_learnt(load_aware: bool) -> None:
+    """a (2 slots configured, e.g. ``model_info.slots``) is faster than b; its share falls to nothing once
+    this replica has 2 requests there, with no load fit (or one that has learnt no slots). Without the
+    setting, the same two requests leave most of the share with a."""
+    for configured, busy_share_at_most, busy_share_at_least in ((2.0, 0.01, 0.0), (None, 1.0, 0.5)):
+        balancer, _ = make_balancer(
+            load_aware=load_aware, in_flight_evidence=True, stall_latency_factor=0.0, exploration_share=0.0
+        )
+        feed(balancer, G, "a", [200.0, 190.0, 210.0, 200.0])
+        feed(balancer, G, "b", [100.0, 90.0, 110.0, 100.0])
+        await balancer.refresh(G)
+        pair = (Candidate("a", slots=configured), Candidate("b"))
+        if load_aware:
+            assert balancer._view(G).loads["a"].slots() is None  # nothing learnt: the setting alone acts
+        idle_share = balancer.weights(G, pair)["a"]
+        balancer.choose(G, (pair[0],))
+        one_busy = balancer.weights(G, pair)["a"]
+        balancer.choose(G, (pair[0],))
+        two_busy = balancer.weights(G, pair)["a"]
+        assert idle_share > 0.5 and one_busy > 0.5
+        assert busy_share_at_least <= two_busy <= busy_share_at_most
+        picks = [pair[balancer.choose(G, pair)].id for _ in range(5)]
+        assert (picks.count("a") == 0) is (configured is not None)
+
+
 async def test_a_failing_deployment_is_retried_once_per_failure_half_life() -> None:
     balancer, clock = make_balancer(failure_half_life_seconds=2.0, failure_window_seconds=10, bucket_seconds=1)
     feed(balancer, G, "b", [100.0] * 10)
