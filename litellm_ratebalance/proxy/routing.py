@@ -48,6 +48,7 @@ __all__ = [
     "RateBalancedRouting",
     "RateBalancerCallback",
     "deployment_candidates",
+    "model_info_problems",
     "rate_balancer",
 ]
 
@@ -122,10 +123,37 @@ def _candidate(deployment: Mapping[str, Any]) -> Candidate | None:
         _positive(params.get("rpm", deployment.get("rpm"))),
         _slots(info.get("slots")),
     )
+    for problem in model_info_problems([deployment]):
+        logger.warning("litellm_ratebalance routing: %s", problem)  # once per deployment dict (cached below)
     if len(_candidate_cache) >= _CANDIDATE_CACHE_SIZE:
         _candidate_cache.clear()  # the Router replaced its model list (or many routers): start over
     _candidate_cache[key] = (deployment, candidate)
     return candidate
+
+
+def model_info_problems(deployments: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What is wrong with the rate balancer's per-deployment settings in a model list, one message per bad
+    value naming the deployment, the key and the valid range (empty: all usable). A bad value is ignored
+    at decision time (the group's ratio, learnt slots), so a typo never fails a request."""
+    problems: list[str] = []
+    for deployment in deployments:
+        info = deployment.get("model_info")
+        if not isinstance(info, Mapping):
+            continue
+        name = _deployment_id(deployment) or deployment.get("model_name") or "?"
+        ratio = info.get("input_to_output_ratio")
+        if ratio is not None and _positive(ratio) is None:
+            problems.append(
+                f"deployment {name}: model_info.input_to_output_ratio={ratio!r} must be a number greater than 0"
+                " (ignored: the group's ratio is used)"
+            )
+        slots = info.get("slots")
+        if slots is not None and _slots(slots) is None:
+            problems.append(
+                f"deployment {name}: model_info.slots={slots!r} must be a number of at least 1 (ignored: the"
+                " slots are learnt)"
+            )
+    return problems
 
 
 def deployment_candidates(deployments: Sequence[Mapping[str, Any]]) -> tuple[Candidate, ...] | None:
@@ -512,7 +540,13 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         return self._pinned if self._pinned is not None else self._source.get()
 
     def install(self) -> RateBalancedRouting:
-        """Make this the router's strategy and register the recorder in ``litellm.callbacks`` (once)."""
+        """Make this the router's strategy and register the recorder in ``litellm.callbacks`` (once).
+
+        Raises ``ValueError`` when the router's model list has a bad ``model_info.input_to_output_ratio``
+        or ``model_info.slots`` (see :func:`model_info_problems`)."""
+        problems = model_info_problems(getattr(self.router, "model_list", None) or [])
+        if problems:
+            raise ValueError("; ".join(problems))
         install = getattr(self.router, "set_custom_routing_strategy", None) or self.router.register_plugin
         install(self)
         import litellm

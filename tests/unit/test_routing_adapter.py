@@ -6,7 +6,14 @@ from typing import Any
 
 import pytest
 
-from litellm_ratebalance.proxy.routing import RateBalancerCallback, deployment_candidates, finish_call, record_call
+from litellm_ratebalance.proxy.routing import (
+    RateBalancedRouting,
+    RateBalancerCallback,
+    deployment_candidates,
+    finish_call,
+    model_info_problems,
+    record_call,
+)
 from litellm_ratebalance.routing import Candidate
 from tests.unit.routing_support import feed, make_balancer
 
@@ -63,6 +70,25 @@ def test_candidates_read_ratio_and_limits() -> None:
 def test_candidates_read_configured_slots_and_ignore_values_below_one(value: object, expected: float | None) -> None:
     (got,) = deployment_candidates([deployment("a", model_info={"slots": value})]) or ()
     assert got.slots == expected
+
+
+def test_model_info_problems_name_the_deployment_key_and_range() -> None:
+    bad = [deployment("a", model_info={"slots": 0}), deployment("b", model_info={"input_to_output_ratio": "x"})]
+    problems = model_info_problems([*bad, deployment("c", model_info={"slots": 4, "input_to_output_ratio": 100})])
+    assert problems == [
+        "deployment a: model_info.slots=0 must be a number of at least 1 (ignored: the slots are learnt)",
+        "deployment b: model_info.input_to_output_ratio='x' must be a number greater than 0 (ignored: the "
+        "group's ratio is used)",
+    ]
+
+
+def test_sdk_install_refuses_a_model_list_with_bad_slots() -> None:
+    class FakeRouter:
+        model_list = [deployment("a", model_info={"slots": -2})]
+
+    balancer, _ = make_balancer()
+    with pytest.raises(ValueError, match=r"deployment a: model_info\.slots=-2 must be a number of at least 1"):
+        RateBalancedRouting(FakeRouter(), balancer=balancer).install()
 
 
 async def test_success_payload_becomes_a_sample_with_headers() -> None:
