@@ -1541,14 +1541,11 @@ def _load_correction(
     here, for the decision that would add one more; (0, None, 1) without a load fit or configured slots.
     Configured slots stand for the learnt ones."""
     fit = loads.get(deployment_id) if loads is not None else None
-    if fit is None:
-        if configured_slots is None:
-            return 0.0, None, 1.0
-        left = max(configured_slots - busy, 0.0) / configured_slots
-        return 0.0, None, headroom_multiplier(left, _SLOTS_HEADROOM)
-    slots = configured_slots or fit.slots()
-    # Seen saturated: scale the share down as its learnt slots fill up (to 0 when full).
+    slots = configured_slots if configured_slots is not None else fit.slots() if fit is not None else None
+    # Configured, or seen saturated: scale the share down as the slots fill up (to 0 when full).
     slots_left = 1.0 if slots is None else headroom_multiplier(max(slots - busy, 0.0) / slots, _SLOTS_HEADROOM)
+    if fit is None:
+        return 0.0, None, slots_left
     return fit.shift(busy + 1.0, window_mean), fit.spread(), slots_left
 
 
