@@ -171,44 +171,70 @@ class _Derived:
         """The same over every deployment's samples (for one without successful samples yet)."""
 
 
-class _InFlight(dict[object, tuple[float, int, float]]):
-    """This replica's requests in flight at one deployment, oldest first: key -> (start, load at start,
+class _InFlight(dict[object, tuple[float, float, float]]):
+    """This replica's requests in flight at one deployment, oldest first: key -> (start, load area at start,
     expected latency: seconds a request of its size takes there at light load, or 0 when unknown).
 
     The key is the request's id when the caller knows it (LiteLLM's ``litellm_trace_id``), so a finished
     request removes its own entry; picks without an id get a private key and a finish without a known id
     removes the oldest entry (requests do not finish in order, so ages are then underestimated, never
     overestimated). A dict (insertion order = start order) so that size and truth tests cost nothing.
+
+    The **load area** is the integral over time of the number of requests in flight here, kept up to date at
+    every change of that number (times are the caller's, explicit). :meth:`take` turns it into the mean load a
+    request shared the deployment with over its whole life, itself included: the loads it met and left
+    alone read a request low whenever a crowd came and went while it ran, which under processor sharing is
+    exactly when it is slowed down.
     """
 
-    __slots__ = ()
+    __slots__ = ("_area", "_since")
 
     _anonymous = itertools.count()
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._area = 0.0
+        self._since = -math.inf
+
+    def _advance(self, now: float) -> float:
+        """The load area up to ``now`` (a time before the last change counts as that change's time)."""
+        if now > self._since:
+            if self and self._since > -math.inf:
+                self._area += len(self) * (now - self._since)
+            self._since = now
+        return self._area
+
     def add(self, now: float, request_id: str | None, expected_latency: float = 0.0) -> None:
+        area = self._advance(now)
         if len(self) >= _MAX_IN_FLIGHT:
             del self[next(iter(self))]
         key: object = request_id if request_id is not None else next(self._anonymous)
         self.pop(key, None)  # the same request again (a retry here): it starts anew
-        self[key] = (now, len(self) + 1, expected_latency)
+        self[key] = (now, area, expected_latency)
 
-    def take(self, request_id: str | None) -> tuple[float, int, float] | None:
-        """Remove the request's entry (the oldest when its id is unknown); its (start, load at start, expected
-        latency)."""
-        if request_id is not None:
-            found = self.pop(request_id, None)
-            if found is not None:
-                return found
-        if not self:
-            return None
-        return self.pop(next(iter(self)))
+    def take(self, request_id: str | None, now: float) -> tuple[float, float, float] | None:
+        """Remove the request's entry (the oldest when its id is unknown) at ``now``; its (start, mean load
+        over its life, itself included, expected latency). A request with no time in flight gets the load
+        it leaves, itself included."""
+        key: object | None = request_id if request_id is not None and request_id in self else None
+        if key is None:
+            if not self:
+                return None
+            key = next(iter(self))
+        area = self._advance(now)
+        load = float(len(self))
+        start, area_at_start, expected = self.pop(key)
+        if now > start and area > area_at_start:
+            load = (area - area_at_start) / (now - start)
+        return start, max(load, 1.0), expected
 
     def oldest(self) -> float | None:
         for start, _, _ in self.values():
             return start
         return None
 
-    def forget_before(self, cutoff: float) -> None:
+    def forget_before(self, cutoff: float, now: float) -> None:
+        self._advance(now)
         while self:
             key = next(iter(self))
             if self[key][0] >= cutoff:
@@ -279,9 +305,9 @@ class _GroupView:
         self.pending_limits: dict[str, RateLimitObservation] = {}
         self.pending_since: float | None = None
         self.in_flight: dict[str, _InFlight] = {}
-        self.finished: dict[str, tuple[str, float, int, float, int]] = {}
+        self.finished: dict[str, tuple[str, float, float, float]] = {}
         """By request id: answers back (:meth:`RateBalancer.finish`) whose sample is not recorded yet, as
-        (deployment, start, load at start, expected latency, load when it finished); oldest first."""
+        (deployment, start, mean load over its life, expected latency); oldest first."""
         self.ratios: dict[str, float] = {}
         self.cutoff_ms: dict[str, float] = {}
         """Per deployment: store time (ms) before which its samples are ignored (a change was detected)."""
@@ -478,14 +504,12 @@ class RateBalancer:
         view = self._view(model_group)
         done = view.finished.pop(request_id, None) if request_id is not None and view.finished else None
         if done is not None and done[0] == deployment_id:
-            entry: tuple[float, int, float] | None = done[1:4]
-            load_now = done[4]
+            entry: tuple[float, float, float] | None = done[1:4]
         else:
             queue = view.in_flight.get(deployment_id)
-            load_now = len(queue) if queue else 1
-            entry = queue.take(request_id) if queue else None
-        # The load this request shared the deployment with: between the one it met and the one it left.
-        load = (entry[1] + load_now) / 2.0 if entry is not None else float(load_now)
+            entry = queue.take(request_id, now) if queue else None
+        # The load this request shared the deployment with (1, alone, when its pick is not known here).
+        load = entry[1] if entry is not None else 1.0
         ratio = self.settings.ratio_for(model_group, input_to_output_ratio or view.ratios.get(deployment_id))
         rate = effective_rate(output_tokens, input_tokens, latency, ratio) if ok else 0.0
         work = output_tokens + input_tokens / ratio
@@ -519,7 +543,9 @@ class RateBalancer:
             fit = view.loads.get(deployment_id)
             if fit is None:
                 fit = view.loads[deployment_id] = LoadFit()
-            fit.add(now, load, rate, self._load_half_life)
+            size_fit = view.sizes.get(deployment_id)
+            base_latency = size_fit.base_latency() if size_fit is not None else None
+            fit.add(now, load, rate, self._load_half_life, work=work, latency=latency, base_latency=base_latency)
         if not ok and self._least_loaded:
             # A failure took the place of a request that would have been in flight for a typical latency:
             # it counts as in flight for the rest of that time, so a deployment that fails at once does not
@@ -551,12 +577,13 @@ class RateBalancer:
         queue = view.in_flight.get(deployment_id) if view is not None else None
         if view is None or not queue or request_id not in queue:
             return
-        load_now = len(queue)
-        start, load_at_start, expected = queue.pop(request_id)
+        entry = queue.take(request_id, self._clock())
+        if entry is None:
+            return
         finished = view.finished
         if len(finished) >= _MAX_IN_FLIGHT:
             del finished[next(iter(finished))]  # records that never came (the oldest)
-        finished[request_id] = (deployment_id, start, load_at_start, expected, load_now)
+        finished[request_id] = (deployment_id, *entry)
 
     def release(self, model_group: str, deployment_id: str, request_id: str | None = None) -> None:
         """Forget one request in flight at the deployment without recording a sample (the request, not the
@@ -566,7 +593,7 @@ class RateBalancer:
             return
         queue = view.in_flight.get(deployment_id) if view is not None else None
         if queue:
-            queue.take(request_id)
+            queue.take(request_id, self._clock())
 
     # -- status ---------------------------------------------------------------------------------------
     def weights(self, model_group: str, candidates: Sequence[Candidate] | None = None) -> dict[str, float]:
@@ -751,9 +778,10 @@ class RateBalancer:
             del view.buckets[index]
         view.limits = snapshot.limits
         # A pick whose call never reported back (dropped after routing) must not count for ever.
-        forgotten = self._clock() - self._max_in_flight_age
+        now = self._clock()
+        forgotten = now - self._max_in_flight_age
         for queue in view.in_flight.values():
-            queue.forget_before(forgotten)
+            queue.forget_before(forgotten, now)
         view.derived = derived = self._derive(view.buckets, snapshot.now_ms, view.cutoff_ms)
         view.measured.update(derived.window_full, derived.usage)
         for deployment_id, bound in list(view.change_evidence.items()):

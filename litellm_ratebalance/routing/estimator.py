@@ -643,13 +643,13 @@ class LoadFit:
     """How a deployment's rate depends on its load (requests in flight there), from its successful samples.
 
     Each sample adds ``(load, rate)``, ``load`` = the requests in flight at the deployment during the
-    request, itself included (the mean of what it met and what it left). Recency-weighted figures (times
+    request, itself included (their mean over the request's life). Recency-weighted figures (times
     are explicit, no clock; they fade with ``half_life_seconds``):
 
     * the **peak throughput**, the highest ``mean load x mean rate`` of a load level: a deployment with ``c``
       slots at ``r`` tokens/s each peaks at about ``c x r``, so at a load above ``c`` each request gets about
-      ``peak / load``. Level means, not single samples: the load of one sample is a rough mean of what it met
-      and what it left, and one answer that met a crowd which left at once would set a peak far above what
+      ``peak / load``. Level means, not single samples: one answer that met a crowd which left at once
+      would set a peak far above what
       the deployment serves, hiding its saturation;
     * the **light-load rate**: the mean rate of the samples at the lightest load level seen (levels: a load
       of at most :data:`UNLOADED_LOAD`, then doubling ranges above it). For a deployment that is sometimes
@@ -669,11 +669,15 @@ class LoadFit:
 
     __slots__ = (
         "_derived",
+        "base_latency",
         "carried_slots",
         "last",
+        "level_latencies",
         "level_loads",
+        "level_sized",
         "level_sums",
         "level_weights",
+        "level_works",
         "residual_sq_sum",
         "residual_weight",
         "samples",
@@ -695,18 +699,41 @@ class LoadFit:
         self.level_sums = [0.0] * self.LEVELS
         self.level_loads = [0.0] * self.LEVELS
         self.level_weights = [0.0] * self.LEVELS
+        self.level_works = [0.0] * self.LEVELS
+        self.level_latencies = [0.0] * self.LEVELS
+        self.level_sized = [0.0] * self.LEVELS
+        self.base_latency = 0.0
+        """The part of a request's latency that does not depend on its size (seconds), as last given."""
         self.residual_sq_sum = 0.0
         self.residual_weight = 0.0
         self.last = float("-inf")
         self._derived: tuple[float | None, float | None, float | None, float | None] = (None, None, carried_slots, None)
         """(light-load rate, top of its load level, slots, spread) as of the last sample."""
 
-    def add(self, now: float, load: float, rate: float, half_life_seconds: float) -> None:
+    def add(
+        self,
+        now: float,
+        load: float,
+        rate: float,
+        half_life_seconds: float,
+        *,
+        work: float | None = None,
+        latency: float | None = None,
+        base_latency: float | None = None,
+    ) -> None:
+        """Add one successful sample: ``rate`` at ``load`` requests in flight. With its ``work`` and
+        ``latency`` (both positive) it also counts in how many slots a saturated deployment has, judged on
+        the part of the latency above ``base_latency`` (the size fit's fixed part, when known): that is the
+        part the load stretches, and the fixed part, counted in, makes a saturated deployment look to lose
+        less than it does, its slots more than it has."""
         if half_life_seconds > 0.0 and self.samples and now > self.last:
             factor = 0.5 ** ((now - self.last) / half_life_seconds)
             self.level_sums = [x * factor for x in self.level_sums]
             self.level_loads = [x * factor for x in self.level_loads]
             self.level_weights = [x * factor for x in self.level_weights]
+            self.level_works = [x * factor for x in self.level_works]
+            self.level_latencies = [x * factor for x in self.level_latencies]
+            self.level_sized = [x * factor for x in self.level_sized]
             self.residual_sq_sum *= factor
             self.residual_weight *= factor
         predicted = self.expected_rate(load)
@@ -720,6 +747,12 @@ class LoadFit:
         self.level_sums[level] += rate
         self.level_loads[level] += load
         self.level_weights[level] += 1.0
+        if work is not None and latency is not None and work > 0.0 and latency > 0.0:
+            self.level_works[level] += work
+            self.level_latencies[level] += latency
+            self.level_sized[level] += 1.0
+        if base_latency is not None and base_latency >= 0.0:
+            self.base_latency = base_latency
         light = self._light()
         self._derived = (*light, self._slots(light), self._spread())
 
@@ -792,17 +825,56 @@ class LoadFit:
         """Requests the deployment serves at full speed, ``peak / light-load rate``, once it has been seen
         saturated (busier than that, and slower for it); else the carried slots while no load beyond them
         has been seen; else None: every load seen was served at about full speed (its capacity is then
-        unknown, not small)."""
+        unknown, not small).
+
+        Whether it is saturated is judged on the samples' own rates; how many slots it then has, on the
+        load-stretched part of the latency (:meth:`_stretched_rates`) where the samples have sizes, if that
+        says fewer. Not the other way round: taking the fixed part out of the latencies also magnifies their
+        noise, and a saturation test on that alone called deployments with slots to spare saturated (stable
+        and drift lost about 2 % of their mean rate in benchmark runs)."""
         rate = light[0]
         if self.samples < self.MIN_SAMPLES or rate is None or rate <= 0.0:
             return self.carried_slots
         peak, busiest = self._throughput()
         slots = peak / rate
         if slots < SATURATION_EVIDENCE * busiest:
+            stretched = self._stretched_rates()
+            if stretched is not None and stretched[0] > 0.0:
+                slots = min(slots, stretched[0] / stretched[2])
             return slots
         # Not seen saturated in this regime: the slots carried over stand while it has not been seen busier.
         carried = self.carried_slots
         return carried if carried is not None and busiest < carried else None
+
+    def _stretched_rates(self) -> tuple[float, float, float] | None:
+        """(peak, busiest load, light-load rate) as :meth:`_throughput` and :meth:`_light` give them, but
+        from each level's pooled ``work / (latency - base latency)`` (its sized samples' sums, so one short
+        answer with next to nothing above the base cannot swing it); None when the lightest level with
+        weight enough has no sized samples. A level whose latencies are hardly above the base (a tenth or
+        less) counts that tenth: the base is an estimate, and a pool with nothing left above it says little."""
+        light_rate: float | None = None
+        peak = 0.0
+        busiest = 0.0
+        for level in range(self.LEVELS):
+            weight = self.level_weights[level]
+            if weight <= self.MIN_LEVEL_WEIGHT:
+                continue
+            sized = self.level_sized[level]
+            if sized <= self.MIN_LEVEL_WEIGHT:
+                if light_rate is None:
+                    return None
+                continue
+            latency = self.level_latencies[level]
+            stretched = self.level_works[level] / max(latency - sized * self.base_latency, 0.1 * latency)
+            if light_rate is None:
+                light_rate = stretched
+            if weight >= SATURATION_MIN_WEIGHT and sized >= SATURATION_MIN_WEIGHT:
+                load = self.level_loads[level] / weight
+                peak = max(peak, load * stretched)
+                busiest = max(busiest, load)
+        if light_rate is None or light_rate <= 0.0:
+            return None
+        return peak, busiest, light_rate
 
     def _spread(self) -> float | None:
         """Root mean square distance of the samples from the prediction at their load (None: too few)."""
@@ -903,6 +975,11 @@ class SizeFit:
         # Too little spread in size to tell a fixed part, or a line that would make some sizes free or
         # negative: latency proportional to work.
         return 0.0, mean_latency / mean_work
+
+    def base_latency(self) -> float | None:
+        """The fixed part of the latency, seconds (None: too few samples)."""
+        line = self._line
+        return None if line is None else line[0]
 
     def expected_latency(self, work: float) -> float | None:
         """Seconds a request of ``work`` tokens is expected to take (None: too few samples)."""

@@ -684,10 +684,10 @@ async def test_a_short_request_in_flight_is_overdue_for_its_size(work: float | N
 
 @pytest.mark.parametrize(("load_aware", "changed"), [(True, False), (False, True)])
 async def test_a_latency_its_load_explains_is_not_a_change_for_its_size(load_aware: bool, changed: bool) -> None:
-    # a: 0.1 s + 200 tok/s at light load, two slots (peak 400 tok/s). The first of six requests sent together
-    # met a load of 1 and left 6 behind (3.5 on average, where each gets 400 / 3.5 = 114 tok/s instead of
-    # about 200): a 100-token answer then takes 1.75 times the 0.6 s of light load.
-    balancer, _ = make_balancer(
+    # a: 0.1 s + 200 tok/s at light load, two slots (peak 400 tok/s). Six requests sent together share it for
+    # the whole life of the first (a load of 6, where each gets 400 / 6 = 67 tok/s instead of about 200): a
+    # 100-token answer then takes 3 times the 0.6 s of light load.
+    balancer, clock = make_balancer(
         load_aware=load_aware, in_flight_evidence=True, change_detection_sigma=3.0, stall_latency_factor=0.0
     )
     view = balancer._view(G)
@@ -697,10 +697,11 @@ async def test_a_latency_its_load_explains_is_not_a_change_for_its_size(load_awa
     loads = view.loads["a"] = LoadFit()
     for load, sample in [(1.0, 200.0), (2.0, 195.0), (1.0, 205.0), (4.0, 100.0), (6.0, 66.7), (1.0, 198.0)] * 3:
         loads.add(T0, load, sample, 0.0)
-    slowdown = loads.slowdown(3.5)
-    assert slowdown == pytest.approx(199.5 / (400.2 / 3.5))  # light-load rate (the mean at loads <= 2) / 114
+    slowdown = loads.slowdown(6.0)
+    assert slowdown == pytest.approx(199.5 / (400.2 / 6.0))  # light-load rate (the mean at loads <= 2) / 67
     for _ in range(6):
         balancer.choose(G, (Candidate("a"),), work=100.0)
+    clock.advance(0.6 * slowdown)
     balancer.record(G, "a", latency=0.6 * slowdown, output_tokens=100)
     assert ("a" in view.changed) is changed
 
@@ -765,3 +766,72 @@ async def test_a_detected_change_keeps_the_slots_its_load_fit_had_learnt() -> No
     fit = view.loads["a"]
     assert fit.samples == 0  # the rates before the change are gone
     assert fit.slots() == pytest.approx(slots)  # its capacity is not
+
+
+def two_slot_samples(base: float) -> list[tuple[float, float, float]]:
+    """(load, work, latency) of a deployment with ``base`` seconds of fixed latency, then 200 tokens/s for one
+    request and two slots shared beyond that (processor sharing: the sized part stretches by load / 2)."""
+    samples = []
+    for load in (1.0, 2.0, 1.0, 4.0, 6.0, 1.5):
+        for work in (40.0, 100.0, 160.0):
+            samples.append((load, work, base + work / 200.0 * max(1.0, load / 2.0)))
+    return samples
+
+
+@pytest.mark.parametrize("base", [0.0, 0.3])
+def test_load_fit_learns_slots_from_the_part_of_the_latency_the_load_stretches(base: float) -> None:
+    told = LoadFit()  # given the fixed part (the size fit's base)
+    untold = LoadFit()  # its samples' sizes, no base: the fixed part counts as stretched
+    rates_only = LoadFit()  # no sizes: the samples' effective rates
+    for load, work, latency in two_slot_samples(base):
+        told.add(T0, load, work / latency, 0.0, work=work, latency=latency, base_latency=base)
+        untold.add(T0, load, work / latency, 0.0, work=work, latency=latency)
+        rates_only.add(T0, load, work / latency, 0.0)
+    assert told.slots() == pytest.approx(2.0, rel=0.02)
+    if base == 0.0:
+        assert untold.slots() == pytest.approx(2.0, rel=0.02)
+    else:
+        # The fixed part flattens the fall with load: 0.3 s on top of 0.5 s reads as 2.5 slots or more.
+        untold_slots, rates_slots = untold.slots(), rates_only.slots()
+        assert untold_slots is not None and untold_slots > 2.5
+        assert rates_slots is not None and rates_slots > 2.5
+
+
+def test_load_fit_does_not_call_a_deployment_saturated_on_its_stretched_part_alone() -> None:
+    # 0.5 s fixed, 0.5 s sized at light load; at 6 in flight the sized part takes 1.4 times as long. The whole
+    # latency grows by a sixth (rate 0.83 of light load: 5 "slots" at a load of 6, not saturated by the
+    # 80 % rule), the sized part by 40 % (4.3): noise magnified by taking the base out is not saturation.
+    fit = LoadFit()
+    for load, stretch in [(1.0, 1.0), (1.5, 1.0), (6.0, 1.4)] * 3:
+        latency = 0.5 + 0.5 * stretch
+        fit.add(T0, load, 100.0 / latency, 0.0, work=100.0, latency=latency, base_latency=0.5)
+    assert fit.slots() is None
+
+
+def test_load_fit_with_a_base_at_most_its_latencies_still_learns_no_more_slots_than_the_samples_show() -> None:
+    # A base estimate at or above the latencies (early, from few samples) leaves a tenth of each level's
+    # latency as its stretched part: no division by zero, and the slots still come from the level pools.
+    fit = LoadFit()
+    for load, work, latency in two_slot_samples(0.0):
+        fit.add(T0, load, work / latency, 0.0, work=work, latency=latency, base_latency=5.0)
+    slots = fit.slots()
+    assert slots is not None and math.isfinite(slots) and 1.0 <= slots <= 6.0
+
+
+async def test_the_load_of_a_sample_is_the_mean_in_flight_over_its_life() -> None:
+    # a: a 2 s request met nothing, a second one joined it from 0.5 s to 1.0 s and then left: it shared the
+    # deployment with 1.25 requests on average (itself included), not the 1 it met and the 1 it left.
+    balancer, clock = make_balancer(load_aware=True, stall_latency_factor=0.0)
+    view = balancer._view(G)
+    balancer.choose(G, (Candidate("a"),), request_id="long")
+    clock.advance(0.5)
+    balancer.choose(G, (Candidate("a"),), request_id="short")
+    clock.advance(0.5)
+    balancer.record(G, "a", latency=0.5, output_tokens=50, request_id="short")
+    fit = view.loads["a"]
+    assert fit.level_loads[0] == pytest.approx(2.0)  # in flight with the long one all its life
+    clock.advance(1.0)
+    balancer.record(G, "a", latency=2.0, output_tokens=200, request_id="long")
+    # The first sample has faded for the 1 s since (the fit's half-life is the window).
+    faded = 0.5 ** (1.0 / balancer.settings.window_seconds)
+    assert fit.level_loads[0] - 2.0 * faded == pytest.approx(1.25)
