@@ -649,8 +649,7 @@ class LoadFit:
     * the **peak throughput**, the highest ``mean load x mean rate`` of a load level: a deployment with ``c``
       slots at ``r`` tokens/s each peaks at about ``c x r``, so at a load above ``c`` each request gets about
       ``peak / load``. Level means, not single samples: one answer that met a crowd which left at once
-      would set a peak far above what
-      the deployment serves, hiding its saturation;
+      would set a peak far above what the deployment serves, hiding its saturation;
     * the **light-load rate**: the mean rate of the samples at the lightest load level seen (levels: a load
       of at most :data:`UNLOADED_LOAD`, then doubling ranges above it). For a deployment that is sometimes
       nearly idle that is its unloaded rate; one that is never idle (every sample met a few requests) is
