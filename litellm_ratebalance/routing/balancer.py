@@ -533,8 +533,8 @@ class RateBalancer:
         # The local view sees its own sample at once (the shared one at the next sync): a deployment has
         # samples as soon as one of its requests finished here, and a failure counts from this moment.
         self._add_local(view, deployment_id, sample)
+        size_fit = view.sizes.get(deployment_id)
         if ok and self.settings.in_flight_evidence and rate > 0.0:
-            size_fit = view.sizes.get(deployment_id)
             if size_fit is None:
                 size_fit = view.sizes[deployment_id] = SizeFit()
             # Fitted at light load: the part of the latency the load explains is taken out.
@@ -543,7 +543,6 @@ class RateBalancer:
             fit = view.loads.get(deployment_id)
             if fit is None:
                 fit = view.loads[deployment_id] = LoadFit()
-            size_fit = view.sizes.get(deployment_id)
             base_latency = size_fit.base_latency() if size_fit is not None else None
             fit.add(now, load, rate, self._load_half_life, work=work, latency=latency, base_latency=base_latency)
         if not ok and self._least_loaded:

@@ -839,21 +839,20 @@ class LoadFit:
         if slots < SATURATION_EVIDENCE * busiest:
             stretched = self._stretched_rates()
             if stretched is not None and stretched[0] > 0.0:
-                slots = min(slots, stretched[0] / stretched[2])
+                slots = min(slots, stretched[0] / stretched[1])
             return slots
         # Not seen saturated in this regime: the slots carried over stand while it has not been seen busier.
         carried = self.carried_slots
         return carried if carried is not None and busiest < carried else None
 
-    def _stretched_rates(self) -> tuple[float, float, float] | None:
-        """(peak, busiest load, light-load rate) as :meth:`_throughput` and :meth:`_light` give them, but
+    def _stretched_rates(self) -> tuple[float, float] | None:
+        """(peak, light-load rate) as :meth:`_throughput` and :meth:`_light` give them, but
         from each level's pooled ``work / (latency - base latency)`` (its sized samples' sums, so one short
         answer with next to nothing above the base cannot swing it); None when the lightest level with
         weight enough has no sized samples. A level whose latencies are hardly above the base (a tenth or
         less) counts that tenth: the base is an estimate, and a pool with nothing left above it says little."""
         light_rate: float | None = None
         peak = 0.0
-        busiest = 0.0
         for level in range(self.LEVELS):
             weight = self.level_weights[level]
             if weight <= self.MIN_LEVEL_WEIGHT:
@@ -868,12 +867,10 @@ class LoadFit:
             if light_rate is None:
                 light_rate = stretched
             if weight >= SATURATION_MIN_WEIGHT and sized >= SATURATION_MIN_WEIGHT:
-                load = self.level_loads[level] / weight
-                peak = max(peak, load * stretched)
-                busiest = max(busiest, load)
+                peak = max(peak, self.level_loads[level] / weight * stretched)
         if light_rate is None or light_rate <= 0.0:
             return None
-        return peak, busiest, light_rate
+        return peak, light_rate
 
     def _spread(self) -> float | None:
         """Root mean square distance of the samples from the prediction at their load (None: too few)."""
