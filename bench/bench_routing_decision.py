@@ -9,6 +9,11 @@ Same samples in both, a window with few samples and one with very many. Printed 
 * ``ours filter hook``: RateBalancerCallback.async_filter_deployments with LiteLLM deployment dicts
   (extracting the candidates, narrowing like the Router, working out the request's size from its
   ``max_tokens`` and messages, choosing), awaited on an event loop; also with four of its picks in flight;
+* ``... + 1 overdue``: the same busy rows with one more request in flight that is overdue (older than the
+  deployment's typical latency), so its deployment's in-flight evidence is timed and grows with the clock;
+  the clock moves 1 ms per decision (1,000 decisions a second: shares with timed evidence are reused for
+  50 ms for the same in-flight pattern) or, in the ``recomputed`` rows, 50 ms (every decision works the
+  evidence out afresh: the cost of one decision when requests are rare);
 * ``ours cache miss``: the first decision for a candidate set after a sync (shares computed once);
 * ``ours sync``: one refresh of the local view (embedded store; with Redis add one round trip), which
   happens at most once per refresh interval and model group, not per request;
@@ -21,12 +26,14 @@ Target: a decision <= 50 us whatever the number of samples. Run: ``python bench/
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,6 +46,8 @@ from tests.unit.routing_reference import ReferenceBalancer, Sample
 DEPLOYMENTS = 8
 T0 = 1_000_000.0
 TARGET_US = 50.0
+OVERDUE_AGE = 8.0
+"""Seconds the overdue request has been in flight when an overdue row starts (typical latencies are 0.5-5 s)."""
 
 
 def per_call_us(fn: Callable[[], object], min_calls: int = 200, min_seconds: float = 0.5) -> float:
@@ -70,7 +79,53 @@ REQUEST_KWARGS = {"max_tokens": 256}
 """What the hook rows pass: a request with a ~500-token prompt and a max_tokens (so its size is worked out)."""
 
 
-async def build(samples_per_deployment: int) -> tuple[RateBalancer, ReferenceBalancer, float]:
+async def overdue_costs(
+    ours: RateBalancer,
+    callback: RateBalancerCallback,
+    clock: list[float],
+    candidates: tuple[Candidate, ...],
+    deployments: list[dict[str, Any]],
+    step: float,
+) -> tuple[float, float]:
+    """Per-decision cost of ``choose`` and of the filter hook with four requests cycling through flight (each
+    finishes four decisions later) and one more overdue: started :data:`OVERDUE_AGE` before, never finished.
+    The clock moves ``step`` seconds per decision; it is put back where it was at the end."""
+    now = clock[0]
+    serial = itertools.count()
+    costs: list[float] = []
+    for hook in (False, True):
+        clock[0] = now - OVERDUE_AGE
+        overdue_at = candidates[ours.choose("g", candidates, "overdue")].id
+        clock[0] = now
+        cycling: list[tuple[str, str]] = []
+
+        def finish_fifth(picked: str, request_id: str, cycling: list[tuple[str, str]] = cycling) -> None:
+            cycling.append((picked, request_id))
+            if len(cycling) > 4:
+                ours.release("g", *cycling.pop(0))
+
+        def choose_overdue() -> None:
+            clock[0] += step
+            request_id = f"r{next(serial)}"
+            finish_fifth(candidates[ours.choose("g", candidates, request_id)].id, request_id)
+
+        async def hook_overdue() -> None:
+            clock[0] += step
+            request_id = f"r{next(serial)}"
+            kwargs = {**REQUEST_KWARGS, "litellm_trace_id": request_id}
+            picked = await callback.async_filter_deployments("g", deployments, MESSAGES, kwargs)
+            finish_fifth(picked[0]["model_info"]["id"], request_id)
+
+        costs.append(await per_await_us(hook_overdue) if hook else per_call_us(choose_overdue))
+        for deployment_id, request_id in cycling:
+            ours.release("g", deployment_id, request_id)
+        ours.release("g", overdue_at, "overdue")
+        clock[0] = now
+    return costs[0], costs[1]
+
+
+async def build(samples_per_deployment: int) -> tuple[RateBalancer, ReferenceBalancer, list[float]]:
+    """The balancer and the reference with the same samples, and the clock both read (a one-item list)."""
     names = [f"deployment-{i}" for i in range(DEPLOYMENTS)]
     rng = random.Random(samples_per_deployment)
     clock = [T0]
@@ -91,7 +146,7 @@ async def build(samples_per_deployment: int) -> tuple[RateBalancer, ReferenceBal
         await ours.refresh("g")
     clock[0] = T0 + seconds
     await ours.refresh("g")
-    return ours, reference, clock[0]
+    return ours, reference, clock
 
 
 async def main() -> int:
@@ -104,7 +159,8 @@ async def main() -> int:
     rows: list[tuple[str, int, float, float | None]] = []
     worst_ours = 0.0
     for per_deployment in (10, 12_500):
-        ours, reference, now = await build(per_deployment)
+        ours, reference, clock = await build(per_deployment)
+        now = clock[0]
         total = sum(len(rates) for rates in reference.rates(now))  # samples in the window (unweighted)
 
         # The clock stands still; each pick is released again, as a finished request would be, so the view
@@ -147,6 +203,12 @@ async def main() -> int:
         for deployment_id in hook_in_flight:
             ours.release("g", deployment_id)
 
+        overdue_rows: list[tuple[str, float]] = []
+        for step, label in ((0.001, ""), (0.05, ", recomputed")):
+            choose_cost, hook_cost = await overdue_costs(ours, callback, clock, candidates, deployments, step)
+            overdue_rows.append((f"ours choose, 4 in flight + 1 overdue{label}", choose_cost))
+            overdue_rows.append((f"ours filter hook, 4 in flight + 1 overdue{label}", hook_cost))
+
         def cache_miss(ours: RateBalancer = ours) -> None:
             for view in ours._views.values():
                 view.cache.clear()
@@ -155,21 +217,22 @@ async def main() -> int:
         miss_us = per_call_us(cache_miss)
         sync_us = await per_await_us(lambda ours=ours: ours.refresh("g"), min_calls=20)
         reference_us = per_call_us(lambda r=reference, t=now: r.choose(t), min_calls=2, min_seconds=1.0)
-        worst_ours = max(worst_ours, choose_us, busy_us, hook_us, hook_busy_us)
+        worst_ours = max(worst_ours, choose_us, busy_us, hook_us, hook_busy_us, *(us for _, us in overdue_rows))
         rows += [
             ("ours choose", total, choose_us, reference_us),
             ("ours choose, 4 in flight", total, busy_us, reference_us),
             ("ours filter hook", total, hook_us, reference_us),
             ("ours filter hook, 4 in flight", total, hook_busy_us, reference_us),
+            *((path, total, us, reference_us) for path, us in overdue_rows),
             ("ours cache miss", total, miss_us, reference_us),
             ("ours sync (per refresh)", total, sync_us, None),
             ("reference", total, reference_us, None),
         ]
     print(f"decision cost at {DEPLOYMENTS} deployments (microseconds; ratio = reference / ours)")
-    print(f"{'path':30} {'samples in window':>18} {'us/decision':>12} {'ratio':>10}")
+    print(f"{'path':56} {'samples in window':>18} {'us/decision':>12} {'ratio':>10}")
     for path, total, us, ref in rows:
         ratio = f"{ref / us:,.0f}x" if ref is not None else ""
-        print(f"{path:30} {total:>18,} {us:>12,.1f} {ratio:>10}")
+        print(f"{path:56} {total:>18,} {us:>12,.1f} {ratio:>10}")
     verdict = "meets" if worst_ours <= TARGET_US else "MISSES"
     print(
         f"\nworst request-path decision (any row above but cache miss and sync): {worst_ours:.1f} us -> {verdict} "

@@ -58,6 +58,9 @@ _USAGE_WINDOW_MS = 60_000
 """Configured tpm / rpm are per minute: usage is summed over the last minute of buckets."""
 _MAX_IN_FLIGHT = 4096
 _MAX_CACHED_SETS = 64
+_MAX_LOAD_PATTERNS = 256
+"""Shares at distinct in-flight patterns kept per cached candidate set (the numbers in flight here per
+candidate; a busy replica revisits a few of them over and over)."""
 _STALL_QUORUM = 3
 """Requests overdue together, with no answer from their deployment for a typical latency, that show it has
 stalled as a whole."""
@@ -242,6 +245,11 @@ class _InFlight(dict[object, tuple[float, float, float]]):
             del self[key]
 
 
+_BusyRow = tuple[int, _InFlight, float, float | None, tuple[float, float] | None, bool]
+"""A candidate with requests in flight here: (index, its queue, oldest start, stall cut-off, expected (latency,
+work) for overdue evidence, whether anything there is timed). See :meth:`RateBalancer._busy`."""
+
+
 class _Cached(NamedTuple):
     shares: Shares
     """The shares when none of the candidates has a request in flight here (``idle`` states)."""
@@ -254,6 +262,13 @@ class _Cached(NamedTuple):
     timed (no stall, none overdue): its state at that load (None: its idle state) and, in weighted mode,
     its (probability, weight). Worked out once per cache: the load fits change only with own samples, and
     those clear the cache."""
+    at_load: dict[tuple[int, ...], tuple[Shares, float]]
+    """By in-flight pattern (the number of requests in flight here at each candidate, negated where one of
+    them is timed: stalled or overdue; then whether change detection ran): the shares worked out for it and
+    the time they hold until. Without
+    anything timed they depend on the loads only and hold for the cache's life, for the same reason as
+    ``loaded``; timed evidence grows with time, so shares with it hold for :data:`_LOCAL_RECOMPUTE_SECONDS`
+    (the lag the cache allows for this replica's own samples). At most :data:`_MAX_LOAD_PATTERNS`."""
 
 
 class _GroupView:
@@ -930,28 +945,81 @@ class RateBalancer:
         if cached is None:
             cached = self._cached(view, candidates, now)
         shares = cached.shares
-        in_flight = view.in_flight
-        if not in_flight or not any(in_flight.get(c.id) for c in candidates):
-            return shares  # nothing in flight here: the cached shares already hold the idle load correction
-        sla = shares.sla if shares.mode == "weighted" else None
-        live = self._live_states(view, candidates, cached, now, detect=detect, sla=sla)
-        if live is None:
+        if not view.in_flight:
             return shares
-        states, weighed = live
+        busy = self._busy(view, candidates, now)
+        if busy is None:
+            return shares  # nothing in flight here: the cached shares already hold the idle load correction
+        pattern, timed, rows = busy
+        if timed:
+            pattern = (*pattern, detect)  # change detection changes timed evidence only
+        known = cached.at_load.get(pattern)
+        if known is not None and now < known[1]:
+            return known[0]  # the same pattern in flight as a decision shortly before
+        sla = shares.sla if shares.mode == "weighted" else None
+        live = self._live_states(view, candidates, cached, now, rows, detect=detect, sla=sla)
         s = self.settings
-        if weighed is not None:
-            return reweigh(shares, states, weighed, exploration_share=s.exploration_share)
-        # The SLA comes from finished samples only (unchanged since the sync); in bootstrap mode overdue
-        # samples may complete the set, and then the SLA is computed from them too.
-        return compute_shares(
-            states,
-            greediness=s.greediness,
-            estimator=s.estimator,
-            exploration_share=s.exploration_share,
-            failure_penalty=s.failure_penalty,
-            prior_samples=s.prior_samples,
-            sla=sla,
-        )
+        if live is None:
+            result = shares
+        else:
+            states, weighed = live
+            if weighed is not None:
+                result = reweigh(shares, states, weighed, exploration_share=s.exploration_share)
+            else:
+                # The SLA comes from finished samples only (unchanged since the sync); in bootstrap mode
+                # overdue samples may complete the set, and then the SLA is computed from them too.
+                result = compute_shares(
+                    states,
+                    greediness=s.greediness,
+                    estimator=s.estimator,
+                    exploration_share=s.exploration_share,
+                    failure_penalty=s.failure_penalty,
+                    prior_samples=s.prior_samples,
+                    sla=sla,
+                )
+        if len(cached.at_load) >= _MAX_LOAD_PATTERNS:
+            cached.at_load.clear()
+        cached.at_load[pattern] = (result, now + _LOCAL_RECOMPUTE_SECONDS if timed else math.inf)
+        return result
+
+    def _busy(
+        self, view: _GroupView, candidates: Sequence[Candidate], now: float
+    ) -> tuple[tuple[int, ...], bool, list[_BusyRow]] | None:
+        """(in-flight pattern, whether anything is timed, rows); None when no candidate has a request in
+        flight here. The pattern: the number of requests in flight here at each candidate, negated where
+        something there is timed (stalled or overdue). A row per candidate with requests in flight here:
+        (index, queue, oldest start, stall cut-off, expected (latency, work) for overdue evidence, whether
+        anything there is timed). O(candidates)."""
+        s = self.settings
+        derived = view.derived
+        stall_on = s.stall_latency_factor > 0
+        evidence_on = s.in_flight_evidence
+        default_stall = s.stall_min_seconds
+        in_flight = view.in_flight
+        earliest_due = view.earliest_due
+        rows: list[_BusyRow] = []
+        counts: list[int] = []
+        any_timed = False
+        for i, c in enumerate(candidates):
+            queue = in_flight.get(c.id)
+            oldest = queue.oldest() if queue else None
+            if queue is None or oldest is None:
+                counts.append(0)
+                continue
+            stall_limit = now - derived.stall_after.get(c.id, default_stall) if stall_on else None
+            expected = (derived.expected.get(c.id) or derived.pooled_expected) if evidence_on else None
+            timed = (stall_limit is not None and oldest <= stall_limit) or (
+                expected is not None and (oldest < now - expected[0] or earliest_due.get(c.id, math.inf) <= now)
+            )
+            if timed:
+                any_timed = True
+                counts.append(-len(queue))
+            else:
+                counts.append(len(queue))
+            rows.append((i, queue, oldest, stall_limit, expected, timed))
+        if not rows:
+            return None
+        return tuple(counts), any_timed, rows
 
     def _live_states(
         self,
@@ -959,6 +1027,7 @@ class RateBalancer:
         candidates: Sequence[Candidate],
         cached: _Cached,
         now: float,
+        rows: Sequence[_BusyRow],
         *,
         detect: bool = False,
         sla: float | None = None,
@@ -967,8 +1036,8 @@ class RateBalancer:
         the ``sla``) the :func:`weigh` result of each one that differs from its idle state, by index (None:
         the shares must be computed afresh); None when no state differs.
 
-        A candidate with nothing in flight here keeps its cached idle state; only the ones with requests in
-        flight are worked out again, so a decision costs O(candidates) dictionary reads plus this.
+        ``rows``: the candidates with requests in flight here (:meth:`_busy`). A candidate with nothing in
+        flight here keeps its cached idle state; only the ones in ``rows`` are worked out again.
 
         Per candidate: requests in flight longer than ``stall_after`` count as failures happening now
         (stall detection); with ``in_flight_evidence`` each request in flight longer than it was expected
@@ -981,26 +1050,13 @@ class RateBalancer:
         Given the ``sla`` (weighted mode), the bound of an overdue request at a deployment without successful
         samples of its own is capped below it (:data:`_UNMEASURED_BOUND`).
         """
-        s = self.settings
-        derived = view.derived
-        stall_on = s.stall_latency_factor > 0
-        evidence_on = s.in_flight_evidence
-        default_stall = s.stall_min_seconds
         out: list[DeploymentState] | None = None
         weighed: dict[int, tuple[float, float]] | None = {} if sla is not None else None
-        in_flight = view.in_flight
         memo = cached.loaded
-        for i, c in enumerate(candidates):
-            queue = in_flight.get(c.id)
-            oldest = queue.oldest() if queue else None
-            if queue is None or oldest is None:
-                continue  # nothing in flight here: its idle state is in the cached shares already
+        # (a candidate without a row has nothing in flight here: its idle state is in the cached shares)
+        for i, queue, oldest, stall_limit, expected, timed in rows:
+            c = candidates[i]
             busy = len(queue)
-            stall_limit = now - derived.stall_after.get(c.id, default_stall) if stall_on else None
-            expected = (derived.expected.get(c.id) or derived.pooled_expected) if evidence_on else None
-            timed = (stall_limit is not None and oldest <= stall_limit) or (
-                expected is not None and (oldest < now - expected[0] or view.earliest_due.get(c.id, math.inf) <= now)
-            )
             if timed:
                 state_at_load, weight = self._evidence_state(
                     view,
@@ -1213,7 +1269,7 @@ class RateBalancer:
             failure_penalty=s.failure_penalty,
             prior_samples=s.prior_samples,
         )
-        return _Cached(shares, tuple(states), tuple(idle), {})
+        return _Cached(shares, tuple(states), tuple(idle), {}, {})
 
     def _capacity(self, view: _GroupView, candidate: Candidate) -> float:
         headroom = self.settings.rate_limit_headroom

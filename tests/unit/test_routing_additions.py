@@ -82,6 +82,48 @@ async def test_overdue_requests_in_flight_lower_a_deployments_share() -> None:
     assert balancer.weights(G, AB)["a"] < 0.25
 
 
+async def test_timed_evidence_in_shares_is_at_most_the_recompute_lag_old() -> None:
+    """Shares with overdue requests in them are reused for the same in-flight pattern for at most 50 ms (the
+    lag the cached shares allow for own samples): the evidence grows with the request's age after that."""
+    balancer, clock = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0)
+    feed(balancer, G, "a", [100.0, 110.0, 90.0, 105.0], latency=1.0)
+    feed(balancer, G, "b", [95.0, 100.0, 90.0, 98.0], latency=1.0)
+    await balancer.refresh(G)
+    balancer.choose(G, (Candidate("a"),))
+    clock.advance(2.0)  # twice its expected latency: a sample of at most ~half its rate
+    first = balancer.weights(G, AB)["a"]
+    clock.advance(0.03)
+    assert balancer.weights(G, AB)["a"] == first  # within the lag: the same pattern's shares
+    clock.advance(0.03)
+    later = balancer.weights(G, AB)["a"]
+    assert later < first  # 60 ms on: worked out again, the request is later still
+    clock.advance(0.06)
+    assert balancer.weights(G, AB)["a"] < later
+
+
+async def test_shares_of_a_load_pattern_seen_before_are_those_of_a_fresh_view() -> None:
+    """Going from one in-flight pattern to another and back gives the first pattern's shares, the same as a
+    balancer that never left it (the shares of a pattern are kept, not those of the last decision). Each
+    deployment has four slots, so its share depends on how many of them this replica fills."""
+    a, b = Candidate("a", slots=4.0), Candidate("b", slots=4.0)
+    shares = []
+    for detour in (False, True):
+        balancer, _ = make_balancer(in_flight_evidence=True)
+        feed(balancer, G, "a", [100.0, 110.0, 90.0, 105.0], latency=1.0)
+        feed(balancer, G, "b", [95.0, 100.0, 90.0, 98.0], latency=1.0)
+        await balancer.refresh(G)
+        balancer.choose(G, (a,), "one")
+        first = balancer.weights(G, (a, b))
+        if detour:
+            for request_id in ("two", "three", "four"):
+                balancer.choose(G, (a,), request_id)
+            assert balancer.weights(G, (a, b))["a"] < first["a"]  # its slots are filling up
+            for request_id in ("two", "three", "four"):
+                balancer.release(G, "a", request_id)
+        shares.append(balancer.weights(G, (a, b)))
+    assert shares[0] == shares[1]
+
+
 async def test_a_deployment_with_only_overdue_requests_ends_the_bootstrap() -> None:
     balancer, clock = make_balancer(in_flight_evidence=True, stall_latency_factor=0.0)
     picks = {"a": 0, "b": 0}
