@@ -591,11 +591,13 @@ def _normalise(
         weights = [1.0] * n
         total = float(n)
     explore = exploration_share / n
-    shares = [
-        ((1.0 - exploration_share) * w / total + explore) * state.capacity
-        for w, state in zip(weights, states, strict=True)
-    ]
-    exploit = [w * state.capacity for w, state in zip(weights, states, strict=True)]
+    keep = 1.0 - exploration_share
+    # (list comprehensions, not generators: this runs on every decision with requests in flight)
+    capacities = [state.capacity for state in states]
+    if len(capacities) != n:
+        raise ValueError("one state per weight")
+    shares = [(keep * w / total + explore) * c for w, c in zip(weights, capacities)]
+    exploit = [w * c for w, c in zip(weights, capacities)]
     exploit_total = sum(exploit)
     total = sum(shares)
     if total <= 0.0:
@@ -603,12 +605,12 @@ def _normalise(
         shares = [1.0] * n
         total = float(n)
     return Shares(
-        tuple(s / total for s in shares),
+        tuple([s / total for s in shares]),
         mode,
         sla,
         tuple(probabilities),
         raw,
-        tuple(e / exploit_total for e in exploit) if exploit_total > 0.0 else (),
+        tuple([e / exploit_total for e in exploit]) if exploit_total > 0.0 else (),
     )
 
 
