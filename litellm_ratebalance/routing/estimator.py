@@ -594,10 +594,8 @@ def _normalise(
     keep = 1.0 - exploration_share
     # (list comprehensions, not generators: this runs on every decision with requests in flight)
     capacities = [state.capacity for state in states]
-    if len(capacities) != n:
-        raise ValueError("one state per weight")
-    shares = [(keep * w / total + explore) * c for w, c in zip(weights, capacities)]
-    exploit = [w * c for w, c in zip(weights, capacities)]
+    shares = [(keep * w / total + explore) * c for w, c in zip(weights, capacities, strict=True)]
+    exploit = [w * c for w, c in zip(weights, capacities, strict=True)]
     exploit_total = sum(exploit)
     total = sum(shares)
     if total <= 0.0:
