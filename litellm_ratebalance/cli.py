@@ -1,6 +1,7 @@
 """``litellm-ratebalance``: command-line tools for operators.
 
-``check-config CONFIG``  validate our settings in a LiteLLM config.yaml (exit 0, or 78 with key paths)
+``check-config CONFIG``  validate our settings in a LiteLLM config.yaml, and the rate balancer's ``model_info``
+keys in its ``model_list`` (exit 0, or 78 with key paths)
 ``status --config CONFIG [--redis-url URL] [--json] [--model GROUP]...``  what the shared store holds now
 
 ``status`` exit codes: 0 shown; 1 the store could not be read (Redis unreachable, timeout); 2 bad usage
@@ -41,16 +42,40 @@ def load_config_settings(path: Path) -> dict[str, Any]:
     return litellm_settings
 
 
+def model_list_problems(path: Path) -> list[str]:
+    """The rate balancer's per-deployment problems in the file's ``model_list`` (``model_info.slots``,
+    ``model_info.input_to_output_ratio``), as the proxy's start-up check reports them; none when the file
+    does not load ``litellm_ratebalance.rate_balancer``."""
+    import yaml
+
+    config = yaml.safe_load(path.read_text("utf-8")) or {}
+    settings = config.get("litellm_settings") if isinstance(config, dict) else None
+    callbacks = settings.get("callbacks") if isinstance(settings, dict) else None
+    if not isinstance(callbacks, list) or "litellm_ratebalance.rate_balancer" not in callbacks:
+        return []
+    model_list = config.get("model_list")
+    if not isinstance(model_list, list):
+        return []
+    from litellm_ratebalance.proxy.routing import model_info_problems
+
+    return model_info_problems([d for d in model_list if isinstance(d, dict)], consequence=False)
+
+
 def check_config(path: Path) -> int:
     from litellm_ratebalance.settings import parse_settings
 
     try:
         parse_settings(load_config_settings(path))
+        problems = model_list_problems(path)
     except (ConfigurationError, OSError) as exc:
         print(f"{path}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except Exception as exc:  # YAML syntax errors and the like
         print(f"{path}: cannot read the config: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if problems:
+        listed = "".join(f"\n  {problem}" for problem in problems)
+        print(f"{path}: invalid model_info:{listed}", file=sys.stderr)
         return EXIT_CONFIG
     print(f"{path}: litellm_ratebalance settings are valid")
     return 0

@@ -131,29 +131,37 @@ def _candidate(deployment: Mapping[str, Any]) -> Candidate | None:
     return candidate
 
 
-def model_info_problems(deployments: Sequence[Mapping[str, Any]]) -> list[str]:
+def model_info_problems(deployments: Sequence[Mapping[str, Any]], *, consequence: bool = True) -> list[str]:
     """What is wrong with the rate balancer's per-deployment settings in a model list, one message per bad
     value naming the deployment, the key and the valid range (empty: all usable). A bad value is ignored
-    at decision time (the group's ratio, learnt slots), so a typo never fails a request."""
+    at decision time (the group's ratio, learnt slots), so a typo never fails a request; ``consequence``
+    adds that to each message (for the warnings; not where the model list is refused)."""
     problems: list[str] = []
     for deployment in deployments:
         info = deployment.get("model_info")
         if not isinstance(info, Mapping):
             continue
         name = _deployment_id(deployment) or deployment.get("model_name") or "?"
+        model_name = deployment.get("model_name")
+        if isinstance(model_name, str) and model_name and model_name != name:
+            name = f"{name} (model_name {model_name})"
         ratio = info.get("input_to_output_ratio")
         if ratio is not None and _positive(ratio) is None:
             problems.append(
                 f"deployment {name}: model_info.input_to_output_ratio={ratio!r} must be a number greater than 0"
-                " (ignored: the group's ratio is used)"
+                + (" (ignored: the group's ratio is used)" if consequence else "")
             )
         slots = info.get("slots")
         if slots is not None and _slots(slots) is None:
             problems.append(
-                f"deployment {name}: model_info.slots={slots!r} must be a number of at least 1 (ignored: the"
-                " slots are learnt)"
+                f"deployment {name}: model_info.slots={slots!r} must be a number of at least 1"
+                + (" (ignored: the slots are learnt)" if consequence else "")
             )
     return problems
+
+
+def _startup_model_info_problems(model_list: Sequence[Mapping[str, Any]]) -> list[str]:
+    return model_info_problems(model_list, consequence=False)
 
 
 def deployment_candidates(deployments: Sequence[Mapping[str, Any]]) -> tuple[Candidate, ...] | None:
@@ -417,7 +425,8 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
         self._pinned = balancer
         self._source = _BalancerSource(runtime)
         if runtime is None and balancer is None:
-            schedule_startup_check()
+            # (the proxy's instance: its model list's model_info is checked at start-up as well)
+            schedule_startup_check(model_list_check=_startup_model_info_problems)
 
     def balancer(self) -> RateBalancer:
         """The core this callback routes with (weights() / estimates() for status output)."""

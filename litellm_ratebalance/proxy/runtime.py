@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from litellm_ratebalance import metrics
@@ -185,9 +186,17 @@ EXIT_CONFIG = 78
 """Exit status on invalid configuration at proxy start-up (EX_CONFIG from sysexits.h)."""
 
 
-def schedule_startup_check(poll_seconds: float = 0.05, give_up_seconds: float = 300.0) -> None:
+ModelListCheck = Callable[[Sequence[Mapping[str, Any]]], list[str]]
+"""Problems (one message each, naming the deployment, the key and the valid range) in the proxy's model list."""
+_model_list_checks: list[ModelListCheck] = []
+
+
+def schedule_startup_check(
+    poll_seconds: float = 0.05, give_up_seconds: float = 300.0, *, model_list_check: ModelListCheck | None = None
+) -> None:
     """Validate our settings as soon as the proxy has applied its whole config, and refuse to start on
-    an invalid one.
+    an invalid one. ``model_list_check`` (a callback's per-deployment settings) joins the check: the
+    Router's model list is refused the same way when it finds a problem.
 
     Callback instances are built while LiteLLM is still reading ``litellm_settings`` (keys are applied in
     file order), so validating in ``__init__`` could miss keys that come later. Instead, when an event loop
@@ -197,11 +206,13 @@ def schedule_startup_check(poll_seconds: float = 0.05, give_up_seconds: float = 
     nothing is scheduled; settings are then validated on first use.
     """
     global _startup_check_scheduled
-    if _startup_check_scheduled:
-        return
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        return
+    if model_list_check is not None and model_list_check not in _model_list_checks:
+        _model_list_checks.append(model_list_check)
+    if _startup_check_scheduled:
         return
     _startup_check_scheduled = True
 
@@ -214,6 +225,12 @@ def schedule_startup_check(poll_seconds: float = 0.05, give_up_seconds: float = 
             get_runtime().settings()
         except ConfigurationError as exc:
             print(f"litellm_ratebalance: refusing to start, {exc}", file=sys.stderr, flush=True)
+            os._exit(EXIT_CONFIG)
+        model_list = getattr(_litellm.proxy_router(), "model_list", None) or []
+        problems = [problem for check in _model_list_checks for problem in check(model_list)]
+        if problems:
+            listed = "".join(f"\n  {problem}" for problem in problems)
+            print(f"litellm_ratebalance: refusing to start, invalid model_info:{listed}", file=sys.stderr, flush=True)
             os._exit(EXIT_CONFIG)
 
     _spawn(check())

@@ -249,3 +249,27 @@ def test_an_invalid_setting_stops_the_proxy_with_status_78_and_the_key_path() ->
     assert "litellm_ratebalance: refusing to start, invalid configuration:" in log
     assert "litellm_settings.ratebalance.fail_mode: must be 'open' or 'closed' (got 'sometimes')" in log
     assert "litellm_settings.ratebalance.limiter.window_seconds: must be between 1 and 3600 (got 0)" in log
+
+
+def test_a_bad_model_info_value_stops_the_proxy_with_status_78_and_the_deployment() -> None:
+    """The rate balancer's per-deployment keys are checked at start-up too: a config-file model list with a
+    ``model_info.slots`` below 1 is refused before any request, naming the deployment, the key and the range."""
+    bad = mock_deployment("m", model_id="small-box")
+    bad["model_info"]["slots"] = 0
+    config = {
+        "model_list": [bad, mock_deployment("m", model_id="big-box")],
+        "litellm_settings": {"callbacks": ["litellm_ratebalance.rate_balancer"]},
+    }
+    proxy = LiteLLMProxy(config, name="badslots")
+    try:
+        proxy.launch()
+        process = proxy._process
+        assert process is not None
+        status = process.wait(timeout=120)
+        log = proxy.log_text()
+    finally:
+        proxy.cleanup()
+    assert status == EXIT_CONFIG == 78, log[-3000:]
+    assert "litellm_ratebalance: refusing to start, invalid model_info:" in log
+    assert "deployment small-box (model_name m): model_info.slots=0 must be a number of at least 1" in log
+    assert "big-box" not in log.split("refusing to start")[1]

@@ -24,6 +24,25 @@ def test_check_config_accepts_valid_and_names_bad_keys(tmp_path: Path, capsys: p
     assert "token_rate_limit_type" in err
 
 
+def test_check_config_names_a_bad_model_info_value_of_the_rate_balancer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_list = (
+        "model_list:\n"
+        "  - {model_name: m, litellm_params: {model: openai/a}, model_info: {id: box-a, slots: 0.5}}\n"
+        "  - {model_name: m, litellm_params: {model: openai/b}, model_info: {input_to_output_ratio: 100}}\n"
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(model_list + "litellm_settings: {callbacks: [litellm_ratebalance.rate_balancer]}\n")
+    assert main(["check-config", str(config)]) == 78
+    err = capsys.readouterr().err
+    assert "deployment box-a (model_name m): model_info.slots=0.5 must be a number of at least 1" in err
+    assert "openai/b" not in err and "input_to_output_ratio" not in err
+    # The keys mean nothing without the rate balancer: then they are not checked.
+    config.write_text(model_list + "litellm_settings: {callbacks: [litellm_ratebalance.rate_limiter]}\n")
+    assert main(["check-config", str(config)]) == 0
+
+
 def test_status_refuses_an_invalid_config_with_key_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("litellm_settings:\n  ratebalance: {fail_mode: sometimes, redis_url: 'redis://127.0.0.1:1'}\n")

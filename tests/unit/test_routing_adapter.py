@@ -76,9 +76,15 @@ def test_model_info_problems_name_the_deployment_key_and_range() -> None:
     bad = [deployment("a", model_info={"slots": 0}), deployment("b", model_info={"input_to_output_ratio": "x"})]
     problems = model_info_problems([*bad, deployment("c", model_info={"slots": 4, "input_to_output_ratio": 100})])
     assert problems == [
-        "deployment a: model_info.slots=0 must be a number of at least 1 (ignored: the slots are learnt)",
-        "deployment b: model_info.input_to_output_ratio='x' must be a number greater than 0 (ignored: the "
-        "group's ratio is used)",
+        "deployment a (model_name g): model_info.slots=0 must be a number of at least 1 (ignored: the slots are"
+        " learnt)",
+        "deployment b (model_name g): model_info.input_to_output_ratio='x' must be a number greater than 0"
+        " (ignored: the group's ratio is used)",
+    ]
+    # Where the model list is refused (the proxy's start-up, below), the message says no more than what is wrong.
+    assert model_info_problems(bad, consequence=False) == [
+        "deployment a (model_name g): model_info.slots=0 must be a number of at least 1",
+        "deployment b (model_name g): model_info.input_to_output_ratio='x' must be a number greater than 0",
     ]
 
 
@@ -87,7 +93,8 @@ def test_sdk_install_refuses_a_model_list_with_bad_slots() -> None:
         model_list = [deployment("a", model_info={"slots": -2})]
 
     balancer, _ = make_balancer()
-    with pytest.raises(ValueError, match=r"deployment a: model_info\.slots=-2 must be a number of at least 1"):
+    expected = r"deployment a \(model_name g\): model_info\.slots=-2 must be a number of at least 1"
+    with pytest.raises(ValueError, match=expected):
         RateBalancedRouting(FakeRouter(), balancer=balancer).install()
 
 
