@@ -15,6 +15,7 @@ Every problem is reported at once, each as ``litellm_settings.<key path>: <what 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -217,9 +218,7 @@ def load_settings() -> Settings:
 
 
 def _general_setting(name: str) -> Any:
-    try:
-        from litellm.proxy import proxy_server
-    except Exception:  # the SDK without the proxy extra: no general_settings
-        return None
+    # The proxy's module if this process runs the proxy (the SDK has no general_settings): never imported here.
+    proxy_server = sys.modules.get("litellm.proxy.proxy_server")
     general = getattr(proxy_server, "general_settings", None) or {}
     return general.get(name) if isinstance(general, dict) else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,10 +44,14 @@ class LiteLLMSurfaceChanged(RuntimeError):
 
 
 def _proxy_server() -> Any | None:
-    try:
-        return importlib.import_module("litellm.proxy.proxy_server")
-    except Exception:  # SDK install without the proxy extra
-        return None
+    """LiteLLM's proxy server module when this process runs the proxy, else None. Looked up, never imported:
+    importing it takes seconds and sets up the proxy's globals, which an SDK user's process must not get."""
+    return sys.modules.get("litellm.proxy.proxy_server")
+
+
+def proxy_server_loaded() -> bool:
+    """Whether this process runs LiteLLM's proxy (its server module is loaded)."""
+    return _proxy_server() is not None
 
 
 def proxy_router() -> Any | None:

@@ -206,6 +206,8 @@ def schedule_startup_check(
     nothing is scheduled; settings are then validated on first use.
     """
     global _startup_check_scheduled
+    if not _litellm.proxy_server_loaded():
+        return  # not the proxy (an SDK user's process, maybe inside an event loop): nothing to wait for
     try:
         asyncio.get_running_loop()
     except RuntimeError:

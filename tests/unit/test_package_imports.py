@@ -46,3 +46,19 @@ def test_callback_names_are_the_instances_even_after_a_same_named_subpackage(nam
         f"print(type(getattr(package, {name!r})).__name__)"
     )
     assert out == class_name
+
+
+def test_an_sdk_process_never_loads_the_proxy_server() -> None:
+    """Callbacks imported inside an event loop of a process that is not the proxy schedule no start-up
+    check, and nothing of ours imports LiteLLM's proxy server (seconds of import and the proxy's globals)."""
+    out = _run(
+        "import asyncio, sys\n"
+        "async def main():\n"
+        "    from litellm_ratebalance import RateBalancedRouting, rate_balancer, rate_limiter\n"
+        "    from litellm_ratebalance.settings import load_settings\n"
+        "    load_settings()\n"
+        "    await asyncio.sleep(0.3)\n"
+        "    print('litellm.proxy.proxy_server' in sys.modules)\n"
+        "asyncio.run(main())\n"
+    )
+    assert out == "False"
