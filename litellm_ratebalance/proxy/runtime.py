@@ -202,8 +202,9 @@ def schedule_startup_check(
     file order), so validating in ``__init__`` could miss keys that come later. Instead, when an event loop
     is running (the proxy's start-up), a task waits until the proxy's Router exists, the last step of
     config loading, and validates then. On an invalid setting it logs every problem with its key path and
-    ends the process with status 78, before any request is served. Without a running loop (SDK use)
-    nothing is scheduled; settings are then validated on first use.
+    ends the process with status 78, before any request is served. Outside the proxy (SDK use: LiteLLM's
+    proxy server module not loaded) or without a running loop nothing is scheduled; settings are then
+    validated on first use.
     """
     global _startup_check_scheduled
     if not _litellm.proxy_server_loaded():

@@ -265,10 +265,10 @@ class _Cached(NamedTuple):
     at_load: dict[tuple[int, ...], tuple[Shares, float]]
     """By in-flight pattern (the number of requests in flight here at each candidate, negated where one of
     them is timed: stalled or overdue; then whether change detection ran): the shares worked out for it and
-    the time they hold until. Without
-    anything timed they depend on the loads only and hold for the cache's life, for the same reason as
-    ``loaded``; timed evidence grows with time, so shares with it hold for :data:`_LOCAL_RECOMPUTE_SECONDS`
-    (the lag the cache allows for this replica's own samples). At most :data:`_MAX_LOAD_PATTERNS`."""
+    the time they hold until. Without anything timed they depend on the loads only and hold for the cache's
+    life, for the same reason as ``loaded``; timed evidence grows with time, so shares with it hold for
+    :data:`_LOCAL_RECOMPUTE_SECONDS` (the lag the cache allows for this replica's own samples). At most
+    :data:`_MAX_LOAD_PATTERNS`."""
 
 
 class _GroupView:
