@@ -968,15 +968,7 @@ class RateBalancer:
             else:
                 # The SLA comes from finished samples only (unchanged since the sync); in bootstrap mode
                 # overdue samples may complete the set, and then the SLA is computed from them too.
-                result = compute_shares(
-                    states,
-                    greediness=s.greediness,
-                    estimator=s.estimator,
-                    exploration_share=s.exploration_share,
-                    failure_penalty=s.failure_penalty,
-                    prior_samples=s.prior_samples,
-                    sla=sla,
-                )
+                result = self._compute_shares(states, sla)
         if len(cached.at_load) >= _MAX_LOAD_PATTERNS:
             cached.at_load.clear()
         cached.at_load[pattern] = (result, now + _LOCAL_RECOMPUTE_SECONDS if timed else math.inf)
@@ -1261,15 +1253,20 @@ class RateBalancer:
                         load_spread=spread,
                         stale=state.stale,
                     )
-        shares = compute_shares(
-            idle,
+        return _Cached(self._compute_shares(idle), tuple(states), tuple(idle), {}, {})
+
+    def _compute_shares(self, states: Sequence[DeploymentState], sla: float | None = None) -> Shares:
+        """:func:`compute_shares` of ``states`` with this balancer's settings (``sla``: when known)."""
+        s = self.settings
+        return compute_shares(
+            states,
             greediness=s.greediness,
             estimator=s.estimator,
             exploration_share=s.exploration_share,
             failure_penalty=s.failure_penalty,
             prior_samples=s.prior_samples,
+            sla=sla,
         )
-        return _Cached(shares, tuple(states), tuple(idle), {}, {})
 
     def _capacity(self, view: _GroupView, candidate: Candidate) -> float:
         headroom = self.settings.rate_limit_headroom

@@ -228,6 +228,19 @@ async def test_a_streaming_chat_call_is_admitted_and_counted(proxy: LiteLLMProxy
 
 
 # -- bad configuration ---------------------------------------------------------------------------------------------
+def _start_and_wait_for_exit(config: dict[str, Any], name: str) -> tuple[int, str]:
+    """Start a proxy that is expected to refuse its config: its exit status and log."""
+    proxy = LiteLLMProxy(config, name=name)
+    try:
+        proxy.launch()
+        process = proxy._process
+        assert process is not None
+        status = process.wait(timeout=120)
+        return status, proxy.log_text()
+    finally:
+        proxy.cleanup()
+
+
 def test_an_invalid_setting_stops_the_proxy_with_status_78_and_the_key_path() -> None:
     config = {
         "model_list": [mock_deployment("m", rpm=10)],
@@ -236,15 +249,7 @@ def test_an_invalid_setting_stops_the_proxy_with_status_78_and_the_key_path() ->
             "ratebalance": {"fail_mode": "sometimes", "limiter": {"window_seconds": 0}},
         },
     }
-    proxy = LiteLLMProxy(config, name="badconfig")
-    try:
-        proxy.launch()
-        process = proxy._process
-        assert process is not None
-        status = process.wait(timeout=120)
-        log = proxy.log_text()
-    finally:
-        proxy.cleanup()
+    status, log = _start_and_wait_for_exit(config, "badconfig")
     assert status == EXIT_CONFIG == 78, log[-3000:]
     assert "litellm_ratebalance: refusing to start, invalid configuration:" in log
     assert "litellm_settings.ratebalance.fail_mode: must be 'open' or 'closed' (got 'sometimes')" in log
@@ -260,15 +265,7 @@ def test_a_bad_model_info_value_stops_the_proxy_with_status_78_and_the_deploymen
         "model_list": [bad, mock_deployment("m", model_id="big-box")],
         "litellm_settings": {"callbacks": ["litellm_ratebalance.rate_balancer"]},
     }
-    proxy = LiteLLMProxy(config, name="badslots")
-    try:
-        proxy.launch()
-        process = proxy._process
-        assert process is not None
-        status = process.wait(timeout=120)
-        log = proxy.log_text()
-    finally:
-        proxy.cleanup()
+    status, log = _start_and_wait_for_exit(config, "badslots")
     assert status == EXIT_CONFIG == 78, log[-3000:]
     assert "litellm_ratebalance: refusing to start, invalid model_info:" in log
     assert "deployment small-box (model_name m): model_info.slots=0 must be a number of at least 1" in log
