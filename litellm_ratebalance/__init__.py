@@ -64,12 +64,14 @@ class _Package(types.ModuleType):
 
     @property
     def backpressure(self) -> Any:
-        return __getattr__("backpressure")
+        # (the subpackage itself may stand here: imported by this package's own imports, before its type was set)
+        value = globals().get("backpressure")
+        return __getattr__("backpressure") if value is None or isinstance(value, types.ModuleType) else value
 
     @backpressure.setter
     def backpressure(self, value: Any) -> None:
         if not isinstance(value, types.ModuleType):
-            globals()["backpressure"] = value
+            globals()["backpressure"] = value  # (read back by the getter; __getattr__ stores here too)
 
 
 sys.modules[__name__].__class__ = _Package

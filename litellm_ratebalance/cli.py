@@ -28,13 +28,20 @@ EXIT_USAGE = 2
 EXIT_NO_STORE = 3
 
 
-def load_config_settings(path: Path) -> dict[str, Any]:
-    """The ``litellm_settings``-shaped mapping our settings are read from, taken from a config file."""
+def _load_config(path: Path) -> dict[str, Any]:
     import yaml
 
     config = yaml.safe_load(path.read_text("utf-8")) or {}
     if not isinstance(config, dict):
         raise ConfigurationError(f"{path}: the config file is not a mapping")
+    return config
+
+
+def load_config_settings(path: Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``litellm_settings``-shaped mapping our settings are read from, taken from a config file (or from
+    its already loaded contents, ``config``)."""
+    if config is None:
+        config = _load_config(path)
     litellm_settings = dict(config.get("litellm_settings") or {})
     general = config.get("general_settings") or {}
     if isinstance(general, dict) and general.get("token_rate_limit_type") is not None:
@@ -42,14 +49,11 @@ def load_config_settings(path: Path) -> dict[str, Any]:
     return litellm_settings
 
 
-def model_list_problems(path: Path) -> list[str]:
-    """The rate balancer's per-deployment problems in the file's ``model_list`` (``model_info.slots``,
-    ``model_info.input_to_output_ratio``), as the proxy's start-up check reports them; none when the file
+def model_list_problems(config: dict[str, Any]) -> list[str]:
+    """The rate balancer's per-deployment problems in a loaded config's ``model_list`` (``model_info.slots``,
+    ``model_info.input_to_output_ratio``), as the proxy's start-up check reports them; none when the config
     does not load ``litellm_ratebalance.rate_balancer``."""
-    import yaml
-
-    config = yaml.safe_load(path.read_text("utf-8")) or {}
-    settings = config.get("litellm_settings") if isinstance(config, dict) else None
+    settings = config.get("litellm_settings")
     callbacks = settings.get("callbacks") if isinstance(settings, dict) else None
     if not isinstance(callbacks, list) or "litellm_ratebalance.rate_balancer" not in callbacks:
         return []
@@ -65,8 +69,9 @@ def check_config(path: Path) -> int:
     from litellm_ratebalance.settings import parse_settings
 
     try:
-        parse_settings(load_config_settings(path))
-        problems = model_list_problems(path)
+        config = _load_config(path)
+        parse_settings(load_config_settings(path, config))
+        problems = model_list_problems(config)
     except (ConfigurationError, OSError) as exc:
         print(f"{path}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
