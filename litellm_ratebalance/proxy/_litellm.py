@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
     "LiteLLMSurfaceChanged",
+    "any_order",
     "caller_id",
     "deployment_model_group",
     "deployment_model_info",
@@ -126,8 +127,8 @@ def is_fanout_lookup(messages: object) -> bool:
     return isinstance(content, str) and content.endswith("-api-fake-text")
 
 
-def _any_order(deployments: list[dict[str, Any]]) -> bool:
-    """Whether a deployment sets ``litellm_params.order`` (a plain loop: this runs on every request)."""
+def any_order(deployments: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a deployment sets ``litellm_params.order`` (a plain loop: this can run on every request)."""
     for deployment in deployments:
         params = deployment.get("litellm_params")
         if params and params.get("order") is not None:
@@ -136,7 +137,7 @@ def _any_order(deployments: list[dict[str, Any]]) -> bool:
 
 
 def narrow_like_router(
-    deployments: list[dict[str, Any]], request_kwargs: Mapping[str, Any] | None
+    deployments: list[dict[str, Any]], request_kwargs: Mapping[str, Any] | None, *, ordered: bool | None = None
 ) -> list[dict[str, Any]]:
     """The deployments that would survive the Router's own narrowing *after* the callbacks' filter.
 
@@ -145,13 +146,14 @@ def narrow_like_router(
     weighted failover already tried, and (unless nothing would be left) the ones that refused this request
     in an earlier retry. A callback that picks one deployment must pick among these, or the Router would
     filter its pick away. The request's control values are read, not consumed (the Router pops them later).
+    ``ordered``: :func:`any_order` of the deployments, when the caller knows it.
     """
     kwargs = request_kwargs or {}
     if (
         "_target_order" not in kwargs
         and not kwargs.get("_excluded_deployment_ids")
         and not kwargs.get("_retry_skipped_deployment_ids")
-        and not _any_order(deployments)
+        and not (any_order(deployments) if ordered is None else ordered)
     ):
         return deployments  # the common case, on the request path: nothing to narrow
     try:

@@ -26,7 +26,7 @@ import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
@@ -181,6 +181,45 @@ def deployment_candidates(deployments: Sequence[Mapping[str, Any]]) -> tuple[Can
     return tuple(out)
 
 
+class _Pool(NamedTuple):
+    """What the filter hook needs to know of one list of deployment dicts, read once per set of dicts."""
+
+    deployments: tuple[Any, ...]
+    """The dicts themselves: held, so that no other object can take one of their ids while the entry exists."""
+    mappings: bool
+    """Every one is a mapping (else the hook leaves the list to the Router)."""
+    ordered: bool
+    """One of them sets ``litellm_params.order`` (the Router narrows by it after the hook)."""
+    candidates: tuple[Candidate, ...] | None
+    """:func:`deployment_candidates` of them (None: one lacks an id, or one is not a mapping)."""
+
+
+_pool_cache: dict[tuple[int, ...], _Pool] = {}
+_POOL_CACHE_SIZE = 1024
+
+
+def _pool(deployments: Sequence[Any]) -> _Pool:
+    # The Router builds a new list of healthy deployments for every request, of the same dicts while its
+    # model list stands (a cooldown leaves a subset of them): the dicts' ids name the set. One lookup on
+    # the request path instead of a pass over the dicts for each of the three facts.
+    key = tuple(map(id, deployments))
+    pool = _pool_cache.get(key)
+    if pool is None:
+        held = tuple(deployments)
+        # (type() first: the Router's dicts are plain, and an ABC isinstance costs more than the pick)
+        mappings = all(type(d) is dict or isinstance(d, Mapping) for d in held)
+        pool = _Pool(
+            held,
+            mappings,
+            mappings and _litellm.any_order(held),
+            deployment_candidates(held) if mappings else None,
+        )
+        if len(_pool_cache) >= _POOL_CACHE_SIZE:
+            _pool_cache.clear()  # a changed model list (or many cooldown subsets): start over
+        _pool_cache[key] = pool
+    return pool
+
+
 def _model_group(deployments: Sequence[Mapping[str, Any]], model: str) -> str:
     name = deployments[0].get("model_name")
     return name if isinstance(name, str) and name else model
@@ -261,10 +300,14 @@ def _pick(
     deployments: Sequence[Mapping[str, Any]],
     request_kwargs: Mapping[str, Any] | None = None,
     messages: object = None,
+    candidates: tuple[Candidate, ...] | None = None,
 ) -> int | None:
-    candidates = deployment_candidates(deployments)
+    """Index in ``deployments`` of the balancer's pick (None: one lacks an id). ``candidates``: theirs, when
+    the caller has them."""
     if candidates is None:
-        return None
+        candidates = deployment_candidates(deployments)
+        if candidates is None:
+            return None
     model_group = _model_group(deployments, model)
     work = request_work(messages, request_kwargs, balancer.settings.ratio_for(model_group, None))
     index = balancer.choose(model_group, candidates, _request_id(request_kwargs), work=work)
@@ -452,14 +495,17 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
         try:
             if len(healthy_deployments) < 2 or _litellm.is_fanout_lookup(messages):
                 return healthy_deployments
-            # (type() first: the Router's dicts are plain, and an ABC isinstance costs more than the pick)
-            if not all(type(d) is dict or isinstance(d, Mapping) for d in healthy_deployments):
+            known = _pool(healthy_deployments)
+            if not known.mappings:
                 return healthy_deployments
-            pool = _litellm.narrow_like_router(healthy_deployments, request_kwargs)
-            if not pool:
+            narrowed = _litellm.narrow_like_router(healthy_deployments, request_kwargs, ordered=known.ordered)
+            if not narrowed:
                 return healthy_deployments  # the Router raises its own "no deployments" error
-            available = _backpressure_available(pool, request_kwargs)
-            index = _pick(self.balancer(), model, available, request_kwargs, messages)
+            available = _backpressure_available(narrowed, request_kwargs)
+            candidates = known.candidates if available is healthy_deployments else None
+            if candidates is None and available is healthy_deployments:
+                return healthy_deployments  # one lacks a model_info.id: nothing to route by
+            index = _pick(self.balancer(), model, available, request_kwargs, messages, candidates)
             return healthy_deployments if index is None else [available[index]]
         except Exception:
             _log_hook_error("async_filter_deployments")

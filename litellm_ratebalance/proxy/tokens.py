@@ -34,12 +34,13 @@ def message_text_chars(messages: object) -> int:
     chars = 0
     if isinstance(messages, list):
         for message in messages:
-            content = message.get("content") if isinstance(message, Mapping) else None
+            # (type() first: messages are plain dicts, and an ABC isinstance costs more than the sum)
+            content = message.get("content") if type(message) is dict or isinstance(message, Mapping) else None
             if isinstance(content, str):
                 chars += len(content)
             elif isinstance(content, list):
                 for part in content:
-                    text = part.get("text") if isinstance(part, Mapping) else None
+                    text = part.get("text") if type(part) is dict or isinstance(part, Mapping) else None
                     if isinstance(text, str):
                         chars += len(text)
     return chars

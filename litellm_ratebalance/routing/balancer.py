@@ -984,22 +984,24 @@ class RateBalancer:
         anything there is timed). O(candidates)."""
         s = self.settings
         derived = view.derived
-        stall_on = s.stall_latency_factor > 0
-        evidence_on = s.in_flight_evidence
+        stall_after = derived.stall_after if s.stall_latency_factor > 0 else None
         default_stall = s.stall_min_seconds
+        expected_by = derived.expected if s.in_flight_evidence else None
+        pooled_expected = derived.pooled_expected
         in_flight = view.in_flight
         earliest_due = view.earliest_due
         rows: list[_BusyRow] = []
         counts: list[int] = []
         any_timed = False
+        # (inlined lookups: this runs on every decision with requests in flight here)
         for i, c in enumerate(candidates):
             queue = in_flight.get(c.id)
-            oldest = queue.oldest() if queue else None
-            if queue is None or oldest is None:
+            if not queue:
                 counts.append(0)
                 continue
-            stall_limit = now - derived.stall_after.get(c.id, default_stall) if stall_on else None
-            expected = (derived.expected.get(c.id) or derived.pooled_expected) if evidence_on else None
+            oldest = next(iter(queue.values()))[0]  # (entries are kept in start order)
+            stall_limit = None if stall_after is None else now - stall_after.get(c.id, default_stall)
+            expected = None if expected_by is None else (expected_by.get(c.id) or pooled_expected)
             timed = (stall_limit is not None and oldest <= stall_limit) or (
                 expected is not None and (oldest < now - expected[0] or earliest_due.get(c.id, math.inf) <= now)
             )

@@ -592,18 +592,26 @@ def _normalise(
         total = float(n)
     explore = exploration_share / n
     keep = 1.0 - exploration_share
-    # (list comprehensions, not generators: this runs on every decision with requests in flight)
-    capacities = [state.capacity for state in states]
-    shares = [(keep * w / total + explore) * c for w, c in zip(weights, capacities, strict=True)]
-    exploit = [w * c for w, c in zip(weights, capacities, strict=True)]
-    exploit_total = sum(exploit)
-    total = sum(shares)
-    if total <= 0.0:
+    scale = keep / total
+    # (one pass with local lists: this runs on every decision that works in-flight evidence out afresh)
+    shares: list[float] = []
+    exploit: list[float] = []
+    share_total = 0.0
+    exploit_total = 0.0
+    for w, state in zip(weights, states, strict=True):
+        capacity = state.capacity
+        share = (scale * w + explore) * capacity
+        shares.append(share)
+        share_total += share
+        useful = w * capacity
+        exploit.append(useful)
+        exploit_total += useful
+    if share_total <= 0.0:
         # Every candidate is at its rate limit: spread evenly and let the providers answer.
         shares = [1.0] * n
-        total = float(n)
+        share_total = float(n)
     return Shares(
-        tuple([s / total for s in shares]),
+        tuple([s / share_total for s in shares]),
         mode,
         sla,
         tuple(probabilities),

@@ -237,6 +237,30 @@ async def test_filter_picks_inside_the_order_group_the_router_keeps() -> None:
     assert kwargs == {"_excluded_deployment_ids": ["b"]}  # read, not consumed
 
 
+async def test_filter_reads_each_list_of_the_same_dicts_like_the_first() -> None:
+    # The Router builds a new list for every request, of the same dicts; a cooldown leaves a subset. The hook
+    # remembers what it read of a set of dicts: every new list of them, and every subset, must still be
+    # routed among exactly its own members.
+    balancer, _ = make_balancer()
+    callback = RateBalancerCallback(balancer=balancer)
+    dicts = [deployment("a"), deployment("b"), deployment("c")]
+    for _ in range(10):
+        (pick,) = await callback.async_filter_deployments("g", list(dicts), None, request_kwargs={})
+        assert pick in dicts
+        (pick,) = await callback.async_filter_deployments("g", [dicts[2], dicts[0]], None, request_kwargs={})
+        assert pick["model_info"]["id"] in {"a", "c"}
+    ordered = [deployment("a", order=2), deployment("b", order=1)]
+    for _ in range(5):
+        (pick,) = await callback.async_filter_deployments("g", list(ordered), None, request_kwargs={})
+        assert pick["model_info"]["id"] == "b"
+    # A list the hook cannot route by is left to the Router, every time it comes again.
+    no_id = [deployment("a"), {"model_name": "g", "litellm_params": {}}]
+    not_mappings = [deployment("a"), "b"]
+    for _ in range(2):
+        assert await callback.async_filter_deployments("g", no_id, None, request_kwargs={}) == no_id
+        assert await callback.async_filter_deployments("g", not_mappings, None, request_kwargs={}) == not_mappings
+
+
 async def test_filter_errors_leave_the_routers_choice() -> None:
     class Broken:
         def choose(self, *args: object) -> int:
