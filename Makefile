@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(LITELLM_PIN)
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-compat lint demo bench redis-server clean
+.PHONY: install test test-compat test-compiled bench-compiled compiled lint demo bench redis-server clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -41,9 +41,28 @@ COMPAT_PIN ?= 1.108.5
 test-compat:
 	$(MAKE) test LITELLM_PIN=$(COMPAT_PIN) VENV=.venv-$(COMPAT_PIN)
 
+# The routing core compiled with mypyc (setup.py names the modules), in a copy of the tracked files: a
+# compiled module next to its source would shadow every later edit of it in this checkout. `make
+# test-compiled` runs the whole suite against it, `make bench-compiled` the decision-cost bench.
+COMPILED_DIR ?= build/compiled
+compiled: $(STAMP)
+	rm -rf $(COMPILED_DIR) && mkdir -p $(COMPILED_DIR)
+	git ls-files -z | xargs -0 cp --parents -t $(COMPILED_DIR)
+	cd $(COMPILED_DIR) && LITELLM_RATEBALANCE_COMPILE=1 $(CURDIR)/$(PY) setup.py -q build_ext --inplace \
+	  >mypyc.log 2>&1 || { tail -40 mypyc.log; exit 1; }
+	cd $(COMPILED_DIR) && $(CURDIR)/$(PY) -c 'import litellm_ratebalance.routing.balancer as b, \
+	  litellm_ratebalance.routing.estimator as e; assert b.__file__.endswith(".so") and e.__file__.endswith(".so")'
+
+test-compiled: compiled redis-server
+	@cd $(COMPILED_DIR) && set +e; $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); \
+	  rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+bench-compiled: compiled
+	cd $(COMPILED_DIR) && $(CURDIR)/$(PY) bench/bench_routing_decision.py
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check litellm_ratebalance tests bench
-	$(VENV)/bin/ruff format --check litellm_ratebalance tests bench
+	$(VENV)/bin/ruff check litellm_ratebalance tests bench setup.py
+	$(VENV)/bin/ruff format --check litellm_ratebalance tests bench setup.py
 	$(VENV)/bin/mypy
 
 # `make demo` runs on the embedded store; `make demo REPLICAS=2` adds a throwaway local redis-server and a
@@ -57,4 +76,4 @@ bench: $(STAMP) redis-server
 	$(PY) bench/run_all.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-* .pytest_cache .mypy_cache .ruff_cache build

@@ -20,7 +20,8 @@ Same samples in both, a window with few samples and one with very many. Printed 
 * ``reference``: the proposal's algorithm (tests/unit/routing_reference.py) deciding from the samples.
 
 Target: a decision <= 50 us whatever the number of samples. Run: ``python bench/bench_routing_decision.py``
-(or ``make bench BENCH_ARGS=routing_decision``).
+(or ``make bench BENCH_ARGS=routing_decision``); ``make bench-compiled`` runs it on the mypyc-compiled routing
+core (the first line of the output says which build ran).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from litellm_ratebalance.proxy.routing import RateBalancerCallback
-from litellm_ratebalance.routing import Candidate, RateBalancer, RoutingSettings
+from litellm_ratebalance.routing import Candidate, RateBalancer, RoutingSettings, balancer, estimator
 from litellm_ratebalance.store import MemoryStore
 from tests.unit.routing_reference import ReferenceBalancer, Sample
 
@@ -122,6 +123,13 @@ async def overdue_costs(
         ours.release("g", overdue_at, "overdue")
         clock[0] = now
     return costs[0], costs[1]
+
+
+def routing_build() -> str:
+    """Which build of the routing core this process runs: the mypyc-compiled modules (``make compiled``,
+    setup.py) or the Python sources."""
+    compiled = all(Path(module.__file__ or "").suffix in {".so", ".pyd"} for module in (balancer, estimator))
+    return "compiled (mypyc)" if compiled else "pure Python"
 
 
 async def build(samples_per_deployment: int) -> tuple[RateBalancer, ReferenceBalancer, list[float]]:
@@ -229,6 +237,7 @@ async def main() -> int:
             ("reference", total, reference_us, None),
         ]
     print(f"decision cost at {DEPLOYMENTS} deployments (microseconds; ratio = reference / ours)")
+    print(f"routing core: {routing_build()}")
     print(f"{'path':56} {'samples in window':>18} {'us/decision':>12} {'ratio':>10}")
     for path, total, us, ref in rows:
         ratio = f"{ref / us:,.0f}x" if ref is not None else ""

@@ -174,6 +174,10 @@ class _Derived:
         """The same over every deployment's samples (for one without successful samples yet)."""
 
 
+_ANONYMOUS_PICKS = itertools.count()
+"""Private keys of picks made without a request id (see :class:`_InFlight`)."""
+
+
 class _InFlight(dict[object, tuple[float, float, float]]):
     """This replica's requests in flight at one deployment, oldest first: key -> (start, load area at start,
     expected latency: seconds a request of its size takes there at light load, or 0 when unknown).
@@ -192,8 +196,6 @@ class _InFlight(dict[object, tuple[float, float, float]]):
 
     __slots__ = ("_area", "_since")
 
-    _anonymous = itertools.count()
-
     def __init__(self) -> None:
         super().__init__()
         self._area = 0.0
@@ -211,7 +213,7 @@ class _InFlight(dict[object, tuple[float, float, float]]):
         area = self._advance(now)
         if len(self) >= _MAX_IN_FLIGHT:
             del self[next(iter(self))]
-        key: object = request_id if request_id is not None else next(self._anonymous)
+        key: object = request_id if request_id is not None else next(_ANONYMOUS_PICKS)
         self.pop(key, None)  # the same request again (a retry here): it starts anew
         self[key] = (now, area, expected_latency)
 
@@ -1109,9 +1111,9 @@ class RateBalancer:
         s = self.settings
         derived = view.derived
         state = cached.states[index]
-        shift, spread, slots_left = _load_correction(
-            view.loads if s.load_aware else None, deployment_id, float(len(queue)), state.window.mean, slots
-        )
+        load = float(len(queue))
+        loads = view.loads if s.load_aware else None
+        shift, spread, slots_left = _load_correction(loads, deployment_id, load, state.window.mean, slots)
         stalled = 0
         if stall_limit is not None and oldest <= stall_limit:
             for started, _, _ in queue.values():
@@ -1129,7 +1131,8 @@ class RateBalancer:
             # A request of known size is expected to take its light-load latency times what the load costs
             # now (the load may have grown since it started: judging it by the load it met would read a
             # deployment filling up its slots as one that slowed down).
-            slowdown = self._slowdown(view, deployment_id, float(len(queue)))
+            fit = loads.get(deployment_id) if loads is not None else None
+            slowdown = 1.0 if fit is None else fit.slowdown(load)
             for scanned, (started, _, light_latency) in enumerate(queue.values()):  # oldest first
                 if scanned >= _MAX_DUE_SCAN:
                     break
@@ -1180,25 +1183,19 @@ class RateBalancer:
             expected is not None and len(late) >= _STALL_QUORUM and last_answer < now - expected[0]
         )
         attempts = state.recent_attempts + (max(stalled, len(late)) if whole_stall else stalled)
+        # (positional: this runs on every decision that works in-flight evidence out afresh)
         new_state = DeploymentState(
-            window=overdue if overdue is not None else state.window,
-            recent_attempts=attempts,
-            recent_failures=attempts if whole_stall else state.recent_failures + stalled,
-            capacity=state.capacity * slots_left,
-            load_shift=shift,
-            load_spread=spread,
-            stale=state.stale,
+            overdue if overdue is not None else state.window,  # window
+            attempts,  # recent_attempts
+            attempts if whole_stall else state.recent_failures + stalled,  # recent_failures
+            state.capacity * slots_left,  # capacity
+            shift,  # load_shift
+            spread,  # load_spread
+            state.stale,  # stale
         )
         weight = None
         if sla is not None and new_state.window.count > 0:
-            weight = weigh(
-                new_state,
-                sla,
-                greediness=s.greediness,
-                estimator=s.estimator,
-                failure_penalty=s.failure_penalty,
-                prior_samples=s.prior_samples,
-            )
+            weight = weigh(new_state, sla, s.greediness, s.estimator, s.failure_penalty, s.prior_samples)
         return new_state, weight
 
     def _slowdown(self, view: _GroupView, deployment_id: str, load: float) -> float:

@@ -43,7 +43,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 __all__ = [
     "BINS_PER_DECADE",
@@ -105,6 +105,20 @@ def bin_bounds(index: int) -> tuple[float, float]:
     return lower, lower * _GROWTH
 
 
+_AGGREGATE_FIELDS = (
+    "bins",
+    "count",
+    "failures",
+    "ok_latency_sum",
+    "rate_sq_sum",
+    "rate_sum",
+    "tokens",
+    "ttft_count",
+    "ttft_sum",
+)
+"""What :class:`RateAggregate` equality compares: every field."""
+
+
 class RateAggregate:
     """Summary of a set of rate samples of one deployment (a time bucket, a window, pending samples).
 
@@ -112,17 +126,7 @@ class RateAggregate:
     maps a bin index to its sample count (only non-empty bins are present).
     """
 
-    __slots__ = (
-        "bins",
-        "count",
-        "failures",
-        "ok_latency_sum",
-        "rate_sq_sum",
-        "rate_sum",
-        "tokens",
-        "ttft_count",
-        "ttft_sum",
-    )
+    __slots__ = _AGGREGATE_FIELDS
 
     def __init__(
         self,
@@ -251,7 +255,7 @@ class RateAggregate:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RateAggregate):
             return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+        return all(getattr(self, name) == getattr(other, name) for name in _AGGREGATE_FIELDS)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -528,7 +532,6 @@ def compute_shares(
 def weigh(
     state: DeploymentState,
     sla: float,
-    *,
     greediness: float,
     estimator: EstimatorName = "normal",
     failure_penalty: float = 0.0,
@@ -690,12 +693,12 @@ class LoadFit:
         "samples",
     )
 
-    MIN_SAMPLES = 3
+    MIN_SAMPLES: Final = 3
     """Samples before the fit says anything."""
-    UNLOADED_LOAD = 2.0
+    UNLOADED_LOAD: Final = 2.0
     """Upper bound of the lightest load level; level ``k`` above it holds loads up to ``UNLOADED_LOAD * 2**k``."""
-    LEVELS = 8
-    MIN_LEVEL_WEIGHT = 0.5
+    LEVELS: Final = 8
+    MIN_LEVEL_WEIGHT: Final = 0.5
     """Recency-weighted samples a load level needs before its mean rate stands for anything (the light-load
     rate, or the prediction at a load of that level)."""
 
@@ -920,9 +923,9 @@ class SizeFit:
         "work_sum",
     )
 
-    MIN_SAMPLES = 3
+    MIN_SAMPLES: Final = 3
     """Samples (recency-weighted) before the fit predicts anything."""
-    MIN_WORK_SPREAD = 0.1
+    MIN_WORK_SPREAD: Final = 0.1
     """Relative spread of the works below which the line's slope is not trusted (the line then goes through
     the origin and the mean: latency proportional to work)."""
 
