@@ -103,7 +103,10 @@ def rate_limit_exception(message: str, headers: Mapping[str, str], model: str) -
     except (ImportError, AttributeError):
         from fastapi import HTTPException
 
-        return HTTPException(status_code=429, detail={"error": message}, headers=dict(headers))
+        # (typed through a variable: without fastapi's types installed, e.g. in an SDK-only environment,
+        # HTTPException is Any to mypy)
+        fallback: Exception = HTTPException(status_code=429, detail={"error": message}, headers=dict(headers))
+        return fallback
     return error_class(detail={"error": message}, headers=dict(headers), model=model)  # type: ignore[no-any-return]
 
 
@@ -111,7 +114,8 @@ def service_unavailable(message: str, headers: Mapping[str, str] | None = None) 
     """A 503 with ``{"error": {"message": ...}}`` (fail-closed store faults, load shedding)."""
     from fastapi import HTTPException
 
-    return HTTPException(status_code=503, detail={"error": message}, headers=dict(headers or {}))
+    error: Exception = HTTPException(status_code=503, detail={"error": message}, headers=dict(headers or {}))
+    return error  # (through a variable, as in rate_limit_exception)
 
 
 def is_fanout_lookup(messages: object) -> bool:
