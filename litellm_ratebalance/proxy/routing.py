@@ -199,6 +199,9 @@ _POOL_CACHE_SIZE = 1024
 
 
 def _pool(deployments: Sequence[Any]) -> _Pool:
+    """What the filter hook needs to know of these deployments (:class:`_Pool`), read once per set of dicts.
+
+    Assumes, as :func:`_candidate` does, that the Router does not edit a deployment dict in place."""
     # The Router builds a new list of healthy deployments for every request, of the same dicts while its
     # model list stands (a cooldown leaves a subset of them): the dicts' ids name the set. One lookup on
     # the request path instead of a pass over the dicts for each of the three facts.
@@ -502,9 +505,11 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
             if not narrowed:
                 return healthy_deployments  # the Router raises its own "no deployments" error
             available = _backpressure_available(narrowed, request_kwargs)
-            candidates = known.candidates if available is healthy_deployments else None
-            if candidates is None and available is healthy_deployments:
-                return healthy_deployments  # one lacks a model_info.id: nothing to route by
+            candidates = None  # narrowed or gated: _pick reads the candidates of what is left
+            if available is healthy_deployments:
+                if known.candidates is None:
+                    return healthy_deployments  # one lacks a model_info.id: nothing to route by
+                candidates = known.candidates
             index = _pick(self.balancer(), model, available, request_kwargs, messages, candidates)
             return healthy_deployments if index is None else [available[index]]
         except Exception:
