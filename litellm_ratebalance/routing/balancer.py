@@ -1112,8 +1112,9 @@ class RateBalancer:
         derived = view.derived
         state = cached.states[index]
         load = float(len(queue))
-        loads = view.loads if s.load_aware else None
-        shift, spread, slots_left = _load_correction(loads, deployment_id, load, state.window.mean, slots)
+        # (the fit is looked up once, for the load correction and the slowdown of overdue requests)
+        fit = view.loads.get(deployment_id) if s.load_aware else None
+        shift, spread, slots_left = _load_correction(fit, load, state.window.mean, slots)
         stalled = 0
         if stall_limit is not None and oldest <= stall_limit:
             for started, _, _ in queue.values():
@@ -1131,7 +1132,6 @@ class RateBalancer:
             # A request of known size is expected to take its light-load latency times what the load costs
             # now (the load may have grown since it started: judging it by the load it met would read a
             # deployment filling up its slots as one that slowed down).
-            fit = loads.get(deployment_id) if loads is not None else None
             slowdown = 1.0 if fit is None else fit.slowdown(load)
             for scanned, (started, _, light_latency) in enumerate(queue.values()):  # oldest first
                 if scanned >= _MAX_DUE_SCAN:
@@ -1240,7 +1240,8 @@ class RateBalancer:
         idle = list(states)
         if loads or any(c.slots for c in candidates):
             for i, c in enumerate(candidates):
-                shift, spread, slots_left = _load_correction(loads, c.id, 0.0, states[i].window.mean, c.slots)
+                fit = loads.get(c.id) if loads is not None else None
+                shift, spread, slots_left = _load_correction(fit, 0.0, states[i].window.mean, c.slots)
                 if shift != 0.0 or spread is not None or slots_left != 1.0:
                     state = states[i]
                     idle[i] = DeploymentState(
@@ -1610,16 +1611,15 @@ def _smooth_pick(credits: dict[str, float], candidates: Sequence[Candidate], sha
 
 
 def _load_correction(
-    loads: dict[str, LoadFit] | None,
-    deployment_id: str,
+    fit: LoadFit | None,
     busy: float,
     window_mean: float,
     configured_slots: float | None = None,
 ) -> tuple[float, float | None, float]:
     """(load shift, load spread, slots-left multiplier) of a deployment with ``busy`` requests in flight
     here, for the decision that would add one more; (0, None, 1) without a load fit or configured slots.
-    Configured slots stand for the learnt ones."""
-    fit = loads.get(deployment_id) if loads is not None else None
+    Configured slots stand for the learnt ones. ``fit``: the deployment's load fit (None: none, or load
+    awareness off)."""
     slots = configured_slots if configured_slots is not None else fit.slots() if fit is not None else None
     # Configured, or seen saturated: scale the share down as the slots fill up (to 0 when full).
     slots_left = 1.0 if slots is None else headroom_multiplier(max(slots - busy, 0.0) / slots, _SLOTS_HEADROOM)
