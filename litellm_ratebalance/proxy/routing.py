@@ -264,7 +264,7 @@ def _export(balancer: RateBalancer, model_group: str, candidates: Sequence[Candi
         child = _choice_children[key] = _choices.labels(*key)
     child.inc()
     now = time.monotonic()
-    if now - _gauges_updated.get(model_group, float("-inf")) < balancer.settings.refresh_interval:
+    if now - _gauges_updated.get(model_group, -math.inf) < balancer.settings.refresh_interval:
         return
     _gauges_updated[model_group] = now
     for deployment_id, estimate in balancer.estimates(model_group, candidates).items():

@@ -19,13 +19,15 @@ def requested_output_tokens(data: Mapping[str, Any], default: int, ceiling: int)
     A value that is not a non-negative integer is ignored (the provider will refuse it anyway), so a bad
     request cannot make the reservation negative or huge.
     """
-    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+    for name in _OUTPUT_LIMIT_KEYS:
         value = data.get(name)
-        if isinstance(value, bool):
-            continue
-        if isinstance(value, int) and value >= 0:
+        # (type() first: the value is a plain int or absent, and the routing hook reads it on every request)
+        if (type(value) is int or (isinstance(value, int) and not isinstance(value, bool))) and value >= 0:
             return min(value, ceiling)
     return min(default, ceiling)
+
+
+_OUTPUT_LIMIT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
 def message_text_chars(messages: object) -> int:

@@ -1147,7 +1147,8 @@ class RateBalancer:
                     earliest_due = started + light_latency  # (no later than its due time at any load)
             view.earliest_due[deployment_id] = earliest_due
         if late:
-            late.sort(reverse=True)  # the latest first
+            if len(late) > 1:
+                late.sort(reverse=True)  # the latest first
             evidence = (
                 self._slowdown_evidence(view, deployment_id, late[:_JOINT_EVIDENCE], mean_rate, now)
                 if detect and self._change_sigma > 0
@@ -1178,7 +1179,7 @@ class RateBalancer:
         # overdue together (for a typical latency: each of them would have answered by then more often
         # than not). Its overdue requests then count as attempts too, so its failure share is 1 even when
         # nothing of it was recorded within the failure window.
-        last_answer = view.last_answer.get(deployment_id, float("-inf"))
+        last_answer = view.last_answer.get(deployment_id, -math.inf)
         whole_stall = (stalled > 0 and stall_limit is not None and last_answer < stall_limit) or (
             expected is not None and len(late) >= _STALL_QUORUM and last_answer < now - expected[0]
         )

@@ -43,7 +43,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 __all__ = [
     "BINS_PER_DECADE",
@@ -87,6 +87,9 @@ MIN_LATENCY_SECONDS = 1e-3
 def effective_rate(output_tokens: float, input_tokens: float, latency_seconds: float, ratio: float) -> float:
     """Tokens per second of one finished request: ``(output + input / ratio) / latency``."""
     return (output_tokens + input_tokens / ratio) / max(latency_seconds, MIN_LATENCY_SECONDS)
+
+
+_SQRT2: Final = math.sqrt(2.0)
 
 
 def bin_index(rate: float) -> int:
@@ -410,7 +413,7 @@ def probability_above(
         if math.isclose(mean, sla, rel_tol=1e-9, abs_tol=1e-12):
             return 0.5 * ok_share
         return ok_share if mean > sla else 0.0
-    return ok_share * 0.5 * math.erfc((sla - mean) / (std * math.sqrt(2.0)))
+    return ok_share * 0.5 * math.erfc((sla - mean) / (std * _SQRT2))
 
 
 def _share_above(aggregate: RateAggregate, sla: float) -> float:
@@ -446,9 +449,11 @@ def headroom_multiplier(fraction_left: float | None, headroom: float) -> float:
     return fraction_left / headroom
 
 
-@dataclass(frozen=True, slots=True)
-class DeploymentState:
-    """What :func:`compute_shares` knows about one candidate."""
+class DeploymentState(NamedTuple):
+    """What :func:`compute_shares` knows about one candidate.
+
+    (A named tuple rather than a frozen dataclass: one is built per decision that works in-flight evidence
+    out, and a frozen dataclass's ``__init__`` costs three times as much.)"""
 
     window: RateAggregate
     """Samples in the window (the adaptive window when enabled)."""
@@ -471,9 +476,10 @@ class DeploymentState:
 Mode = Literal["round_robin", "bootstrap", "weighted"]
 
 
-@dataclass(frozen=True, slots=True)
-class Shares:
-    """The choice probabilities of a candidate set (same order as the candidates), and how they came."""
+class Shares(NamedTuple):
+    """The choice probabilities of a candidate set (same order as the candidates), and how they came.
+
+    (A named tuple, as :class:`DeploymentState`: one is built per decision that works in-flight evidence out.)"""
 
     shares: tuple[float, ...]
     mode: Mode
@@ -587,8 +593,10 @@ def _normalise(
 ) -> Shares:
     """Weights to shares: exploration, capacity, normalisation (see :func:`compute_shares`)."""
     n = len(weights)
+    if len(states) != n:
+        raise ValueError(f"{n} weights but {len(states)} states")
     raw = tuple(weights)
-    total = sum(weights)
+    total = sum(raw)
     if total <= 0.0:
         # Nobody is expected to beat the SLA (or everybody fails): no preference left to express.
         weights = [1.0] * n
@@ -596,12 +604,14 @@ def _normalise(
     explore = exploration_share / n
     keep = 1.0 - exploration_share
     scale = keep / total
-    # (one pass with local lists: this runs on every decision that works in-flight evidence out afresh)
+    # (one pass with local lists, the weights read by index, the lengths checked above: this runs on every
+    # decision that works in-flight evidence out afresh, and zipping the two costs more than the arithmetic)
     shares: list[float] = []
     exploit: list[float] = []
     share_total = 0.0
     exploit_total = 0.0
-    for w, state in zip(weights, states, strict=True):
+    for i, state in enumerate(states):
+        w = weights[i]
         capacity = state.capacity
         share = (scale * w + explore) * capacity
         shares.append(share)
