@@ -54,7 +54,7 @@ compiled: $(STAMP)
 	  litellm_ratebalance.routing.estimator as e; assert b.__file__.endswith(".so") and e.__file__.endswith(".so")'
 
 test-compiled: compiled redis-server
-	@cd $(COMPILED_DIR) && set +e; $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); \
+	@cd $(COMPILED_DIR) && set +e; LITELLM_RATEBALANCE_EXPECT_CORE=compiled $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); \
 	  rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 bench-compiled: compiled

@@ -40,7 +40,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from litellm_ratebalance.proxy.routing import RateBalancerCallback
-from litellm_ratebalance.routing import Candidate, RateBalancer, RoutingSettings, balancer, estimator
+from litellm_ratebalance.routing import Candidate, RateBalancer, RoutingSettings, core_build
 from litellm_ratebalance.store import MemoryStore
 from tests.unit.routing_reference import ReferenceBalancer, Sample
 
@@ -126,10 +126,9 @@ async def overdue_costs(
 
 
 def routing_build() -> str:
-    """Which build of the routing core this process runs: the mypyc-compiled modules (``make compiled``,
-    setup.py) or the Python sources."""
-    compiled = all(Path(module.__file__ or "").suffix in {".so", ".pyd"} for module in (balancer, estimator))
-    return "compiled (mypyc)" if compiled else "pure Python"
+    """Which build of the routing core this process runs (:func:`core_build`): the mypyc-compiled modules
+    (``make compiled``, setup.py) or the Python sources."""
+    return "compiled (mypyc)" if core_build() == "compiled" else "pure Python"
 
 
 async def build(samples_per_deployment: int) -> tuple[RateBalancer, ReferenceBalancer, list[float]]:

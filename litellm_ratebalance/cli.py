@@ -83,6 +83,10 @@ def check_config(path: Path) -> int:
         print(f"{path}: invalid model_info:{listed}", file=sys.stderr)
         return EXIT_CONFIG
     print(f"{path}: litellm_ratebalance settings are valid")
+    from litellm_ratebalance.routing import core_build
+
+    build = "compiled (mypyc)" if core_build() == "compiled" else "pure Python"
+    print(f"routing core in this environment: {build}")
     return 0
 
 

@@ -36,6 +36,7 @@ from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.identity import metadata_value
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 from litellm_ratebalance.proxy.tokens import message_text_chars, requested_output_tokens
+from litellm_ratebalance.routing import core_build
 from litellm_ratebalance.routing.balancer import Candidate, RateBalancer
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import RateLimitObservation, parse_reset_seconds
@@ -231,6 +232,7 @@ def _model_group(deployments: Sequence[Mapping[str, Any]], model: str) -> str:
 ROUTING_CHOICES = "routing_choices"
 ROUTING_WEIGHT = "routing_weight"
 ROUTING_ESTIMATED_RATE = "routing_estimated_rate"
+ROUTING_CORE = "routing_core"
 _METRIC_LABELS = ("model_group", "deployment")
 # Label values are the model group and deployment ids of the Router's model list: bounded by the config.
 _choices = metrics.counter(ROUTING_CHOICES, "Requests the rate balancer sent to each deployment", _METRIC_LABELS)
@@ -270,6 +272,24 @@ def _export(balancer: RateBalancer, model_group: str, candidates: Sequence[Candi
     for deployment_id, estimate in balancer.estimates(model_group, candidates).items():
         _weight.labels(model_group, deployment_id).set(estimate.share or 0.0)
         _estimated_rate.labels(model_group, deployment_id).set(estimate.mean_rate)
+
+
+_core_announced: list[str] = []
+
+
+def _announce_core_build() -> None:
+    """Say once per process which build of the routing core runs (:func:`core_build`): an INFO log line and
+    the gauge ``routing_core{build}`` = 1, so that an install of the optional compiled core can be checked on
+    the proxy's ``/metrics``."""
+    build = core_build()
+    metrics.gauge(
+        ROUTING_CORE, "The routing core this process runs (build: compiled or python), always 1", ["build"]
+    ).labels(build).set(1)
+    if build not in _core_announced:
+        _core_announced.append(build)
+        logger.info(
+            "litellm_ratebalance routing core: %s", "compiled (mypyc)" if build == "compiled" else "pure Python"
+        )
 
 
 def _request_id(kwargs: Mapping[str, Any] | None) -> str | None:
@@ -473,6 +493,7 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
         if runtime is None and balancer is None:
             # (the proxy's instance: its model list's model_info is checked at start-up as well)
             schedule_startup_check(model_list_check=_startup_model_info_problems)
+            _announce_core_build()
 
     def balancer(self) -> RateBalancer:
         """The core this callback routes with (weights() / estimates() for status output)."""

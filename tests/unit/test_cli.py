@@ -7,12 +7,15 @@ from pathlib import Path
 import pytest
 
 from litellm_ratebalance.cli import main
+from litellm_ratebalance.routing import core_build
 
 
 def test_check_config_accepts_valid_and_names_bad_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("litellm_settings:\n  priority_reservation: {prod: 0.9}\n  ratebalance: {fail_mode: closed}\n")
     assert main(["check-config", str(good)]) == 0
+    expected_build = "compiled (mypyc)" if core_build() == "compiled" else "pure Python"
+    assert f"routing core in this environment: {expected_build}" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "litellm_settings:\n  ratebalance:\n    limiter: {window_seconds: 0}\n"
