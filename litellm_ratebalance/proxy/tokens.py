@@ -13,6 +13,10 @@ logger = logging.getLogger("litellm_ratebalance")
 TokenType = Literal["input", "output", "total"]
 
 
+_OUTPUT_LIMIT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+"""The request keys of an output-token limit, in order: the first with a valid value wins."""
+
+
 def requested_output_tokens(data: Mapping[str, Any], default: int, ceiling: int) -> int:
     """``max_completion_tokens`` or ``max_tokens`` from the request, else ``default``; at most ``ceiling``.
 
@@ -25,9 +29,6 @@ def requested_output_tokens(data: Mapping[str, Any], default: int, ceiling: int)
         if (type(value) is int or (isinstance(value, int) and not isinstance(value, bool))) and value >= 0:
             return min(value, ceiling)
     return min(default, ceiling)
-
-
-_OUTPUT_LIMIT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
 def message_text_chars(messages: object) -> int:
