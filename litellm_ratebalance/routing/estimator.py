@@ -605,7 +605,7 @@ def _normalise(
     keep = 1.0 - exploration_share
     scale = keep / total
     # (one pass with local lists, the weights read by index, the lengths checked above: this runs on every
-    # decision that works in-flight evidence out afresh, and zipping the two costs more than the arithmetic)
+    # decision that works in-flight evidence out afresh, and zipping the two, strict or not, cost more)
     shares: list[float] = []
     exploit: list[float] = []
     share_total = 0.0
