@@ -14,7 +14,8 @@ export PYTHONUNBUFFERED := 1
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	# setuptools in the venv too: `make compiled` builds with it (setup.py), and it must read the SPDX license.
+	$(PY) -m pip install -q --upgrade pip 'setuptools==84.2.1'
 	# compat mode: a plain path entry, so `import litellm_ratebalance` works from any directory (the proxy
 	# imports callbacks with its config file's directory as the working directory).
 	$(PY) -m pip install -q -c $(CONSTRAINTS) --config-settings editable_mode=compat -e '.[dev,proxy]'
