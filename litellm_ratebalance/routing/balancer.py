@@ -233,11 +233,6 @@ class _InFlight(dict[object, tuple[float, float, float]]):
             load = (area - area_at_start) / (now - start)
         return start, max(load, 1.0), expected
 
-    def oldest(self) -> float | None:
-        for start, _, _ in self.values():
-            return start
-        return None
-
     def forget_before(self, cutoff: float, now: float) -> None:
         self._advance(now)
         while self:

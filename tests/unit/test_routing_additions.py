@@ -323,7 +323,7 @@ async def test_request_ids_match_finishes_to_their_own_start() -> None:
     clock.advance(0.2)
     balancer.record(G, "a", latency=0.2, output_tokens=20, request_id="fast")
     queue = balancer._views[G].in_flight["a"]
-    assert list(queue) == ["slow"] and queue.oldest() == T0  # the slow one is still in flight
+    assert list(queue) == ["slow"] and queue["slow"][0] == T0  # the slow one is still in flight
     balancer.release(G, "a", request_id="slow")
     assert len(queue) == 0
 
