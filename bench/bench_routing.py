@@ -87,6 +87,9 @@ OURS_SETTINGS: dict[str, Any] = {
     "stall_min_seconds": 1.0,
     "rate_limit_header_max_age_seconds": 5.0,
 }
+ROUTER_SETTINGS: dict[str, Any] = {}
+"""Extra ``litellm.Router`` settings for every strategy (``--router``; the proxy runs get them in
+``router_settings``), e.g. ``disable_cooldowns``. Empty: LiteLLM's defaults."""
 
 
 @dataclass
@@ -165,7 +168,7 @@ def _make_router(
 ) -> tuple[Any, Callable[[str], None] | None, Callable[[], None], Any]:
     """(router, on_done(request_id) or None, teardown, our balancer or None)."""
     model_list = _model_list(scenario, api_bases, tag, _group(tag), slots=strategy == "ours-slots")
-    common: dict[str, Any] = {"num_retries": 0, "timeout": scenario.workload.timeout}
+    common: dict[str, Any] = {"num_retries": 0, "timeout": scenario.workload.timeout, **ROUTER_SETTINGS}
     if strategy in BUILT_INS:
         router = litellm.Router(model_list=model_list, routing_strategy=strategy, **common)
         return router, None, router.discard, None
@@ -310,6 +313,7 @@ def _proxy_config(scenario: Scenario, api_bases: dict[str, str], strategy: str, 
         "routing_strategy": "simple-shuffle" if strategy == "ours" else strategy,
         "num_retries": 0,
         "timeout": scenario.workload.timeout,
+        **ROUTER_SETTINGS,
     }
     litellm_settings: dict[str, Any] = {"request_timeout": scenario.workload.timeout}
     if strategy == "ours":
@@ -641,7 +645,9 @@ async def main_async(args: argparse.Namespace) -> int:
         f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, {duration:g} s of Poisson arrivals "
         f"per run, input-to-output ratio {RATIO:g}.",
         "",
-        "Every run: a fresh `litellm.Router` (num_retries 0, SDK max_retries 0, default cooldowns), the same "
+        "Every run: a fresh `litellm.Router` (num_retries 0, SDK max_retries 0, "
+        + (", ".join(f"{k}={v}" for k, v in ROUTER_SETTINGS.items()) if ROUTER_SETTINGS else "default cooldowns")
+        + "), the same "
         "request plan and deployment timeline for every strategy. Mean / p5 effective rate over all requests "
         "(a failure counts 0); latency over successful requests; goodput = successful output tokens / run time; "
         "share = requests each deployment received (mock log). `ours` = `RateBalancedRouting` with "
@@ -734,6 +740,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="override one of ours' routing settings (JSON value), e.g. --ours adaptive_window=true",
     )
+    parser.add_argument(
+        "--router",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra litellm.Router setting for every strategy (JSON value), e.g. --router disable_cooldowns=true",
+    )
     parser.add_argument("--trace", action="store_true", help="print our balancer's estimates during its runs")
     parser.add_argument(
         "--write", action="store_true", help="write bench/results/<results-name>.md and, with drift, its share PNG"
@@ -747,14 +760,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.results_name):
         parser.error(f"--results-name must be a plain file name (letters, digits, _ . -), got {args.results_name!r}")
     args.argv = list(argv)
-    for item in args.ours:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--ours takes KEY=VALUE (got {item!r})")
-        try:
-            OURS_SETTINGS[key] = json.loads(value)
-        except json.JSONDecodeError:
-            OURS_SETTINGS[key] = value
+    for option, items, target in (("--ours", args.ours, OURS_SETTINGS), ("--router", args.router, ROUTER_SETTINGS)):
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep:
+                parser.error(f"{option} takes KEY=VALUE (got {item!r})")
+            try:
+                target[key] = json.loads(value)
+            except json.JSONDecodeError:
+                target[key] = value
     return args
 
 
