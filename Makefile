@@ -14,11 +14,13 @@ export PYTHONUNBUFFERED := 1
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	# setuptools in the venv too: `make compiled` builds with it (setup.py), and it must read the SPDX license.
+	# A pinned setuptools in the venv builds the package (no build isolation, which would take the newest
+	# release: its 'compat' editable mode is marked for removal) and `make compiled` (setup.py).
 	$(PY) -m pip install -q --upgrade pip 'setuptools==84.2.1'
 	# compat mode: a plain path entry, so `import litellm_ratebalance` works from any directory (the proxy
 	# imports callbacks with its config file's directory as the working directory).
-	$(PY) -m pip install -q -c $(CONSTRAINTS) --config-settings editable_mode=compat -e '.[dev,proxy]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) --no-build-isolation --config-settings editable_mode=compat \
+	  -e '.[dev,proxy]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
