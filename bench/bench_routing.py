@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -90,6 +91,8 @@ OURS_SETTINGS: dict[str, Any] = {
 ROUTER_SETTINGS: dict[str, Any] = {}
 """Extra ``litellm.Router`` settings for every strategy (``--router``; the proxy runs get them in
 ``router_settings``), e.g. ``disable_cooldowns``. Empty: LiteLLM's defaults."""
+_BENCH_ROUTER_KEYS = frozenset({"model_list", "routing_strategy", "num_retries", "timeout"})
+"""Router settings the bench sets itself (per strategy, or the same for all): not for ``--router``."""
 
 
 @dataclass
@@ -646,7 +649,11 @@ async def main_async(args: argparse.Namespace) -> int:
         f"per run, input-to-output ratio {RATIO:g}.",
         "",
         "Every run: a fresh `litellm.Router` (num_retries 0, SDK max_retries 0, "
-        + (", ".join(f"{k}={v}" for k, v in ROUTER_SETTINGS.items()) if ROUTER_SETTINGS else "default cooldowns")
+        + (
+            ", ".join(f"{k}={v}" for k, v in ROUTER_SETTINGS.items()) + ", LiteLLM's defaults otherwise"
+            if ROUTER_SETTINGS
+            else "default cooldowns"
+        )
         + "), the same "
         "request plan and deployment timeline for every strategy. Mean / p5 effective rate over all requests "
         "(a failure counts 0); latency over successful requests; goodput = successful output tokens / run time; "
@@ -769,6 +776,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                 target[key] = json.loads(value)
             except json.JSONDecodeError:
                 target[key] = value
+    router_keys = set(inspect.signature(litellm.Router.__init__).parameters) - _BENCH_ROUTER_KEYS - {"self"}
+    for key in ROUTER_SETTINGS:
+        if key not in router_keys:
+            why = "the bench sets it itself" if key in _BENCH_ROUTER_KEYS else "not a litellm.Router setting"
+            parser.error(f"--router {key}: {why} (e.g. disable_cooldowns, cooldown_time, allowed_fails)")
     return args
 
 
