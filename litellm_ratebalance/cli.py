@@ -2,11 +2,14 @@
 
 ``check-config CONFIG``  validate our settings in a LiteLLM config.yaml, and the rate balancer's ``model_info``
 keys in its ``model_list`` (exit 0, or 78 with key paths)
-``status --config CONFIG [--redis-url URL] [--json] [--model GROUP]...``  what the shared store holds now
+``status --config CONFIG [--redis-url URL [--cluster]] [--json] [--model GROUP]...``  what the shared store holds now
 
 ``status`` exit codes: 0 shown; 1 the store could not be read (Redis unreachable, timeout); 2 bad usage
 (e.g. an unknown ``--model``); 3 nothing to read (the config names no Redis: the proxy then keeps its
-state in process, out of reach of this command); 78 invalid config.
+state in process, out of reach of this command; or its Redis is a Sentinel set: pass the master's URL with
+``--redis-url``); 78 invalid config. A Redis Cluster is read through its startup nodes (``cache_params.
+redis_startup_nodes`` or ``REDIS_CLUSTER_NODES``, as LiteLLM takes them), or ``--redis-url`` of one node with
+``--cluster``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import contextlib
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from litellm_ratebalance.errors import ConfigurationError, StoreError
 
@@ -95,9 +99,25 @@ def _scrub(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
 
 
-async def _status(args: argparse.Namespace) -> int:
-    from urllib.parse import urlsplit
+def _cluster_client(url: str, nodes: tuple[tuple[str, int], ...], timeout: float) -> Any:
+    """redis-py's async ``RedisCluster`` over these startup nodes, with the auth and TLS of ``url``
+    (the first node's), ``timeout`` seconds per connect and operation; ValueError on a URL that is not redis(s)://."""
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
 
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError(f"a Redis Cluster node needs a redis:// or rediss:// URL, not {parts.scheme!r}")
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        ssl=parts.scheme == "rediss",
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+    )
+
+
+async def _status(args: argparse.Namespace) -> int:
     import redis.asyncio as aioredis
 
     from litellm_ratebalance import status
@@ -105,24 +125,35 @@ async def _status(args: argparse.Namespace) -> int:
 
     try:
         config = status.load_proxy_config(args.config)
-        url, source = status.resolve_redis(config, args.redis_url)
+        target = status.resolve_redis(config, args.redis_url, override_cluster=args.cluster)
     except ConfigurationError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    url, source = target.url, target.source
     if url is None:
-        print(
-            f"{args.config}: nothing to show: {source}, so the proxy keeps its counters in its own process "
-            "(the embedded store), which this command cannot read. Pass --redis-url, or configure a Redis.",
-            file=sys.stderr,
-        )
+        if target.sentinel:
+            print(
+                f"{args.config}: nothing to show: {source}. Pass --redis-url with the current master's URL.",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"{args.config}: nothing to show: {source}, so the proxy keeps its counters in its own process "
+                "(the embedded store), which this command cannot read. Pass --redis-url, or configure a Redis.",
+                file=sys.stderr,
+            )
         return EXIT_NO_STORE
     try:
         password = urlsplit(url).password
     except ValueError:
         password = None
-    masked = status.mask_url(url)
+    masked = target.masked()
+    client: Any
     try:
-        client = aioredis.Redis.from_url(url, socket_connect_timeout=args.timeout, socket_timeout=args.timeout)
+        if target.cluster_nodes:
+            client = _cluster_client(url, target.cluster_nodes, args.timeout)
+        else:
+            client = aioredis.Redis.from_url(url, socket_connect_timeout=args.timeout, socket_timeout=args.timeout)
     except ValueError as exc:
         print(f"invalid Redis URL {masked} ({source}): {_scrub(str(exc), password)}", file=sys.stderr)
         return EXIT_USAGE
@@ -142,7 +173,14 @@ async def _status(args: argparse.Namespace) -> int:
                 print(f"unknown model group(s) {unknown}; the config has {known}", file=sys.stderr)
                 return EXIT_USAGE
         report = await asyncio.wait_for(
-            status.collect(store, config, url=url, source=source, model_groups=args.model or None),
+            status.collect(
+                store,
+                config,
+                url=url,
+                source=source,
+                model_groups=args.model or None,
+                cluster_nodes=target.cluster_nodes,
+            ),
             timeout=args.timeout * 10,
         )
     except ConfigurationError as exc:
@@ -153,6 +191,9 @@ async def _status(args: argparse.Namespace) -> int:
         cause = exc.__cause__
         if cause is not None:
             detail += _scrub(f" ({type(cause).__name__}: {cause})", password)
+        if not target.cluster_nodes and "MovedError" in detail:
+            # A plain client on a cluster node reaches only the keys of that node's slots.
+            detail += "; the server is a Redis Cluster node: add --cluster"
         print(f"cannot read the store at {masked} ({source}): {detail}", file=sys.stderr)
         return EXIT_STORE
     finally:
@@ -170,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     show = commands.add_parser("status", help="show admission, routing, concurrency and contract state from Redis")
     show.add_argument("--config", type=Path, required=True, help="the proxy's config.yaml")
     show.add_argument("--redis-url", help="Redis to read (default: the one the config names, as the proxy finds it)")
+    show.add_argument(
+        "--cluster", action="store_true", help="--redis-url is one node of a Redis Cluster (the rest are discovered)"
+    )
     show.add_argument("--json", action="store_true", help="JSON output (schema: litellm_ratebalance.status)")
     show.add_argument("--model", action="append", metavar="GROUP", help="only this model group (repeatable)")
     show.add_argument("--timeout", type=float, default=3.0, help="seconds per Redis operation (default 3)")

@@ -14,7 +14,8 @@ JSON output (``--json``), schema 1; keys are stable, new keys may be added::
 
     {"schema": 1,
      "generated_at_ms": <store clock (Redis TIME), ms>,
-     "store": {"backend": "redis", "url": <password masked>, "source": <where the URL came from>,
+     "store": {"backend": "redis"|"redis-cluster", "url": <password masked; a cluster's further startup nodes
+               appended as ,host:port>, "source": <where the URL came from>,
                "key_prefix": str},
      "model_groups": [{
          "model_group": str, "rpm": int|null, "tpm": int|null,     # summed deployment limits
@@ -53,7 +54,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from litellm_ratebalance.admission.policy import (
@@ -78,6 +79,7 @@ __all__ = [
     "GroupStatus",
     "PoolStatus",
     "ProxyConfig",
+    "RedisTarget",
     "StatusReport",
     "collect",
     "format_table",
@@ -661,47 +663,140 @@ def _url_from_parts(
     return f"{scheme}://{auth}{host}:{port or 6379}{path}"
 
 
-def resolve_redis(config: ProxyConfig, override: str | None = None) -> tuple[str | None, str]:
-    """(URL, where it came from) of the Redis the proxy uses, in the proxy's order; (None, reason) when
-    the proxy would run on the embedded store.
+class RedisTarget(NamedTuple):
+    """Where the proxy's Redis is, as :func:`resolve_redis` finds it."""
 
-    Order: ``--redis-url``; ``ratebalance.redis_url``; the proxy's cache (``litellm_settings.cache`` with
-    ``cache_params`` of type redis, LiteLLM's ``REDIS_*`` variables when it names no host); the router's
-    (``router_settings.redis_url`` / ``redis_host``). A plain Redis only: Sentinel and Cluster are not read.
+    url: str | None
+    """A plain Redis: its URL. A Redis Cluster: the URL of its first startup node, which carries the auth and TLS
+    of every node. None: nothing this command can read (``source`` says why)."""
+    source: str
+    """Where it came from (a config key or variable), or why there is nothing to read."""
+    cluster_nodes: tuple[tuple[str, int], ...] = ()
+    """A Redis Cluster's startup nodes (host, port), the first one ``url``'s; empty for a plain Redis."""
+    sentinel: bool = False
+    """The proxy's Redis is a Sentinel set (``url`` is None): this command does not ask sentinels for the master."""
+
+    def masked(self) -> str:
+        """``url`` with its password masked (:func:`mask_url`), a cluster's other startup nodes appended as
+        ``,host:port``; empty without a URL."""
+        if self.url is None:
+            return ""
+        return ",".join([mask_url(self.url), *(f"{host}:{port}" for host, port in self.cluster_nodes[1:])])
+
+
+def _cluster_nodes(value: object, where: str) -> tuple[tuple[str, int], ...]:
+    """Startup nodes as LiteLLM takes them (``[{"host": ..., "port": ...}, ...]``, or that list as JSON text,
+    as in ``REDIS_CLUSTER_NODES``); ConfigurationError naming ``where`` when they are not that."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ConfigurationError(f"{where}: not valid JSON ({exc})") from None
+    expected = 'a list of {"host": str, "port": 1..65535} mappings'
+    if not isinstance(value, list):
+        raise ConfigurationError(f"{where}: must be {expected} (got {type(value).__name__})")
+    nodes: list[tuple[str, int]] = []
+    for i, item in enumerate(value):
+        host = item.get("host") if isinstance(item, dict) else None
+        port = item.get("port", 6379) if isinstance(item, dict) else None
+        try:
+            number = int(port) if isinstance(port, (int, str)) and not isinstance(port, bool) else None
+        except ValueError:
+            number = None
+        if not isinstance(host, str) or not host or number is None or not 1 <= number <= 65535:
+            raise ConfigurationError(f'{where}[{i}]: must be {{"host": str, "port": 1..65535}} (got {item!r})')
+        nodes.append((host, number))
+    return tuple(nodes)
+
+
+def _cluster_target(
+    nodes: tuple[tuple[str, int], ...], source: str, password: object, username: object, ssl: object
+) -> RedisTarget:
+    host, port = nodes[0]
+    url = _url_from_parts(host, port, password, username, ssl)
+    assert url is not None  # (a node always has a host)
+    return RedisTarget(url, source, cluster_nodes=nodes)
+
+
+_SENTINEL_REASON = (
+    "the proxy's Redis is a Sentinel set ({where}), and this command does not ask sentinels for the master"
+)
+
+
+def resolve_redis(config: ProxyConfig, override: str | None = None, *, override_cluster: bool = False) -> RedisTarget:
+    """Where the proxy's Redis is (:class:`RedisTarget`), in the proxy's order; a target without a URL (and
+    the reason) when the proxy would run on the embedded store, or on a Sentinel set.
+
+    Order: ``--redis-url`` (one node of a Redis Cluster with ``override_cluster``); ``ratebalance.redis_url``;
+    the proxy's cache (``litellm_settings.cache`` with ``cache_params`` of type redis: its startup nodes, or
+    ``REDIS_CLUSTER_NODES``, make it a Redis Cluster, as in LiteLLM; else its Sentinel nodes, or
+    ``REDIS_SENTINEL_NODES``; else its URL or host, LiteLLM's ``REDIS_*`` variables when it names no host); the
+    router's (``router_settings.redis_url`` / ``redis_host``, a Redis Cluster when ``REDIS_CLUSTER_NODES`` is
+    set). ConfigurationError on startup nodes that are not a list of host and port.
     """
     if override:
-        return override, "--redis-url"
+        if override_cluster:
+            try:
+                parts = urlsplit(override)
+                node = ((parts.hostname or "", parts.port or 6379),)
+            except ValueError:
+                return RedisTarget(override, "--redis-url")  # (the client reports the bad URL)
+            return RedisTarget(override, "--redis-url", cluster_nodes=node)
+        return RedisTarget(override, "--redis-url")
     if config.settings.ratebalance.redis_url:
-        return config.settings.ratebalance.redis_url, "ratebalance.redis_url"
+        return RedisTarget(config.settings.ratebalance.redis_url, "ratebalance.redis_url")
+    env_nodes = os.environ.get("REDIS_CLUSTER_NODES")
     params = _mapping(config.litellm_settings.get("cache_params"), "litellm_settings.cache_params")
     if config.litellm_settings.get("cache") and params.get("type") == "redis":
+        env = os.environ.get
+        password = params.get("password") or env("REDIS_PASSWORD")
+        username = params.get("username") or env("REDIS_USERNAME")
+        ssl = params.get("ssl") if params.get("ssl") is not None else env("REDIS_SSL")
+        startup = _resolve_env(params.get("redis_startup_nodes") or params.get("startup_nodes"))
+        if startup:
+            where = "litellm_settings.cache_params.redis_startup_nodes"
+            return _cluster_target(_cluster_nodes(startup, where), where, password, username, ssl)
+        if env_nodes:
+            return _cluster_target(
+                _cluster_nodes(env_nodes, "REDIS_CLUSTER_NODES"), "REDIS_CLUSTER_NODES", password, username, ssl
+            )
+        if params.get("sentinel_nodes") or env("REDIS_SENTINEL_NODES"):
+            where = (
+                "litellm_settings.cache_params.sentinel_nodes"
+                if params.get("sentinel_nodes")
+                else "REDIS_SENTINEL_NODES"
+            )
+            return RedisTarget(None, _SENTINEL_REASON.format(where=where), sentinel=True)
         url = _resolve_env(params.get("url") or params.get("redis_url"))
         if isinstance(url, str) and url:
-            return url, "litellm_settings.cache_params"
+            return RedisTarget(url, "litellm_settings.cache_params")
         url = _url_from_parts(
             params.get("host"), params.get("port"), params.get("password"), params.get("username"), params.get("ssl")
         )
         if url:
-            return url, "litellm_settings.cache_params"
+            return RedisTarget(url, "litellm_settings.cache_params")
         if os.environ.get("REDIS_URL"):
-            return os.environ["REDIS_URL"], "REDIS_URL"
+            return RedisTarget(os.environ["REDIS_URL"], "REDIS_URL")
         url = _url_from_parts(
-            os.environ.get("REDIS_HOST"),
-            os.environ.get("REDIS_PORT"),
-            os.environ.get("REDIS_PASSWORD"),
-            os.environ.get("REDIS_USERNAME"),
-            os.environ.get("REDIS_SSL"),
+            env("REDIS_HOST"), env("REDIS_PORT"), env("REDIS_PASSWORD"), env("REDIS_USERNAME"), env("REDIS_SSL")
         )
         if url:
-            return url, "REDIS_HOST/REDIS_PORT"
+            return RedisTarget(url, "REDIS_HOST/REDIS_PORT")
     router = config.router_settings
     url = _resolve_env(router.get("redis_url"))
+    source = "router_settings.redis_url"
+    if not (isinstance(url, str) and url):
+        url = _url_from_parts(router.get("redis_host"), router.get("redis_port"), router.get("redis_password"))
+        source = "router_settings.redis_host"
     if isinstance(url, str) and url:
-        return url, "router_settings.redis_url"
-    url = _url_from_parts(router.get("redis_host"), router.get("redis_port"), router.get("redis_password"))
-    if url:
-        return url, "router_settings.redis_host"
-    return None, "the config names no Redis (no ratebalance.redis_url, cache_params or router_settings.redis_*)"
+        if env_nodes:
+            # LiteLLM's Router makes its Redis a cluster of these nodes (with the router's password).
+            nodes = _cluster_nodes(env_nodes, "REDIS_CLUSTER_NODES")
+            return _cluster_target(nodes, "REDIS_CLUSTER_NODES", router.get("redis_password"), None, None)
+        return RedisTarget(url, source)
+    return RedisTarget(
+        None, "the config names no Redis (no ratebalance.redis_url, cache_params or router_settings.redis_*)"
+    )
 
 
 # -- collecting (I/O) -----------------------------------------------------------------------------------
@@ -797,8 +892,10 @@ async def collect(
     url: str,
     source: str,
     model_groups: Sequence[str] | None = None,
+    cluster_nodes: Sequence[tuple[str, int]] = (),
 ) -> StatusReport:
-    """Read everything status shows from ``store`` (a RedisStore); StoreError on a store fault."""
+    """Read everything status shows from ``store`` (a RedisStore); StoreError on a store fault. ``url`` /
+    ``source`` / ``cluster_nodes``: the :class:`RedisTarget` read, for the report (the URL masked)."""
     settings = config.settings
     deployments = config_deployments(config)
     by_group: dict[str, list[ConfigDeployment]] = {}
@@ -832,8 +929,8 @@ async def collect(
         contracts = contracts_status(book, window, window_seconds=contracts_settings.window_seconds, now_ms=now_ms)
     return StatusReport(
         generated_at_ms=now_ms,
-        backend=str(getattr(store, "backend", "redis")),
-        url=mask_url(url),
+        backend="redis-cluster" if cluster_nodes else str(getattr(store, "backend", "redis")),
+        url=RedisTarget(url, source, tuple(cluster_nodes)).masked(),
         source=source,
         key_prefix=settings.ratebalance.key_prefix,
         model_groups=tuple(groups),

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from litellm_ratebalance.contracts.policy import ContractBook
+from litellm_ratebalance.errors import ConfigurationError
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.status import (
     ConcurrencyRange,
     DeploymentStatus,
+    RedisTarget,
     StatusReport,
     config_deployments,
     contracts_status,
@@ -198,23 +201,87 @@ def _config(tmp_path: Path, text: str) -> Path:
 
 def test_resolve_redis_follows_the_proxy_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STATUS_TEST_PW", "envpw")
-    monkeypatch.delenv("REDIS_URL", raising=False)
-    monkeypatch.delenv("REDIS_HOST", raising=False)
+    for name in ("REDIS_URL", "REDIS_HOST", "REDIS_CLUSTER_NODES", "REDIS_SENTINEL_NODES"):
+        monkeypatch.delenv(name, raising=False)
     base = (
         "router_settings: {redis_host: 127.0.0.1, redis_port: 7001, redis_password: os.environ/STATUS_TEST_PW}\n"
         "litellm_settings:\n  cache: true\n  cache_params: {type: redis, host: 127.0.0.1, port: 7000}\n"
     )
     config = load_proxy_config(_config(tmp_path, base))
-    assert resolve_redis(config, "redis://127.0.0.1:1/0") == ("redis://127.0.0.1:1/0", "--redis-url")
-    assert resolve_redis(config) == ("redis://127.0.0.1:7000", "litellm_settings.cache_params")
+    assert resolve_redis(config, "redis://127.0.0.1:1/0") == RedisTarget("redis://127.0.0.1:1/0", "--redis-url")
+    assert resolve_redis(config) == RedisTarget("redis://127.0.0.1:7000", "litellm_settings.cache_params")
     config = load_proxy_config(_config(tmp_path, base + "  ratebalance: {redis_url: 'redis://127.0.0.1:7002'}\n"))
-    assert resolve_redis(config) == ("redis://127.0.0.1:7002", "ratebalance.redis_url")
+    assert resolve_redis(config) == RedisTarget("redis://127.0.0.1:7002", "ratebalance.redis_url")
     router_only = load_proxy_config(_config(tmp_path, base.replace("cache: true", "cache: false")))
-    assert resolve_redis(router_only) == ("redis://:envpw@127.0.0.1:7001", "router_settings.redis_host")
+    assert resolve_redis(router_only) == RedisTarget("redis://:envpw@127.0.0.1:7001", "router_settings.redis_host")
     local_cache = base.replace("type: redis, ", "")  # LiteLLM's default cache type is local (in memory)
-    assert resolve_redis(load_proxy_config(_config(tmp_path, local_cache)))[1] == "router_settings.redis_host"
-    url, reason = resolve_redis(load_proxy_config(_config(tmp_path, "model_list: []\n")))
-    assert url is None and "names no Redis" in reason
+    assert resolve_redis(load_proxy_config(_config(tmp_path, local_cache))).source == "router_settings.redis_host"
+    target = resolve_redis(load_proxy_config(_config(tmp_path, "model_list: []\n")))
+    assert target.url is None and not target.sentinel and "names no Redis" in target.source
+
+
+CLUSTER_CACHE = (
+    "litellm_settings:\n  cache: true\n  cache_params:\n    type: redis\n    host: 127.0.0.1\n    port: 7000\n"
+    "    password: pw\n"
+)
+
+
+def test_resolve_redis_finds_a_cluster_as_litellm_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("REDIS_CLUSTER_NODES", "REDIS_SENTINEL_NODES", "REDIS_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    # Startup nodes win over the host (LiteLLM builds its cluster client from them); ports as text or numbers.
+    nodes = '    redis_startup_nodes: [{host: 10.0.0.1, port: "7001"}, {host: 10.0.0.2, port: 7002}]\n'
+    target = resolve_redis(load_proxy_config(_config(tmp_path, CLUSTER_CACHE + nodes)))
+    assert target == RedisTarget(
+        "redis://:pw@10.0.0.1:7001",
+        "litellm_settings.cache_params.redis_startup_nodes",
+        cluster_nodes=(("10.0.0.1", 7001), ("10.0.0.2", 7002)),
+    )
+    assert target.masked() == "redis://:***@10.0.0.1:7001,10.0.0.2:7002"
+    # Without startup nodes in the config, LiteLLM's REDIS_CLUSTER_NODES (JSON) makes the cache a cluster...
+    monkeypatch.setenv("REDIS_CLUSTER_NODES", '[{"host": "10.0.0.3", "port": 7003}]')
+    target = resolve_redis(load_proxy_config(_config(tmp_path, CLUSTER_CACHE)))
+    assert (target.source, target.cluster_nodes) == ("REDIS_CLUSTER_NODES", (("10.0.0.3", 7003),))
+    # ... and the router's Redis too.
+    router_only = "router_settings: {redis_host: 127.0.0.1, redis_port: 7001, redis_password: rpw}\n"
+    target = resolve_redis(load_proxy_config(_config(tmp_path, router_only)))
+    assert target == RedisTarget(
+        "redis://:rpw@10.0.0.3:7003", "REDIS_CLUSTER_NODES", cluster_nodes=(("10.0.0.3", 7003),)
+    )
+    # --redis-url as one node of a cluster.
+    target = resolve_redis(
+        load_proxy_config(_config(tmp_path, "model_list: []\n")), "redis://h:7005", override_cluster=True
+    )
+    assert target == RedisTarget("redis://h:7005", "--redis-url", cluster_nodes=(("h", 7005),))
+
+
+@pytest.mark.parametrize(
+    ("nodes", "message"),
+    [
+        ("[{host: 10.0.0.1, port: 70000}]", "redis_startup_nodes[0]: must be"),
+        ("[{port: 7001}]", "redis_startup_nodes[0]: must be"),
+        ("[{host: 10.0.0.1, port: seven}]", "redis_startup_nodes[0]: must be"),
+        ("{host: 10.0.0.1}", "redis_startup_nodes: must be a list"),
+        ("'not json'", "redis_startup_nodes: not valid JSON"),
+    ],
+)
+def test_bad_startup_nodes_name_the_key(tmp_path: Path, nodes: str, message: str) -> None:
+    config = load_proxy_config(_config(tmp_path, CLUSTER_CACHE + f"    redis_startup_nodes: {nodes}\n"))
+    with pytest.raises(ConfigurationError, match=re.escape(message)) as raised:
+        resolve_redis(config)
+    assert "1..65535" in str(raised.value) or "JSON" in str(raised.value)
+
+
+def test_resolve_redis_reports_a_sentinel_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("REDIS_CLUSTER_NODES", "REDIS_SENTINEL_NODES"):
+        monkeypatch.delenv(name, raising=False)
+    sentinel = CLUSTER_CACHE + "    sentinel_nodes: [[10.0.0.1, 26379]]\n    service_name: mymaster\n"
+    target = resolve_redis(load_proxy_config(_config(tmp_path, sentinel)))
+    assert target.url is None and target.sentinel
+    assert "Sentinel set (litellm_settings.cache_params.sentinel_nodes)" in target.source
+    monkeypatch.setenv("REDIS_SENTINEL_NODES", '[["10.0.0.1", 26379]]')
+    target = resolve_redis(load_proxy_config(_config(tmp_path, CLUSTER_CACHE)))
+    assert target.sentinel and "REDIS_SENTINEL_NODES" in target.source
 
 
 def test_deployment_ids_follow_litellm_router_rule(tmp_path: Path) -> None:
@@ -236,3 +303,17 @@ def test_deployment_ids_follow_litellm_router_rule(tmp_path: Path) -> None:
     assert [d.deployment_id for d in deployments] == expected
     assert expected[1] == "b" and len(expected[0]) == 64  # LiteLLM's sha256 of the params
     assert group_capacity(deployments) == (12, 100)
+
+
+def test_status_command_on_a_sentinel_set_asks_for_the_master(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from litellm_ratebalance.cli import EXIT_NO_STORE, main
+
+    for name in ("REDIS_CLUSTER_NODES", "REDIS_SENTINEL_NODES"):
+        monkeypatch.delenv(name, raising=False)
+    config = _config(tmp_path, CLUSTER_CACHE + "    sentinel_nodes: [[10.0.0.1, 26379]]\n")
+    assert main(["status", "--config", str(config)]) == EXIT_NO_STORE
+    err = capsys.readouterr().err
+    assert "does not ask sentinels for the master. Pass --redis-url with the current master's URL." in err
+    assert "embedded store" not in err
