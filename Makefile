@@ -44,13 +44,19 @@ COMPAT_PIN ?= 1.108.5
 test-compat:
 	$(MAKE) test LITELLM_PIN=$(COMPAT_PIN) VENV=.venv-$(COMPAT_PIN)
 
-# The routing core compiled with mypyc (setup.py names the modules), in a copy of the tracked files: a
+# The routing core compiled with mypyc (setup.py names the modules), in a copy of the tracked files (of
+# the source tree, less build outputs and venvs, outside a git checkout, e.g. an unpacked tarball): a
 # compiled module next to its source would shadow every later edit of it in this checkout. `make
 # test-compiled` runs the whole suite against it, `make bench-compiled` the decision-cost bench.
 COMPILED_DIR ?= build/compiled
 compiled: $(STAMP)
 	rm -rf $(COMPILED_DIR) && mkdir -p $(COMPILED_DIR)
-	git ls-files -z | xargs -0 cp --parents -t $(COMPILED_DIR)
+	if [ "$$(git rev-parse --show-toplevel 2>/dev/null)" = "$(CURDIR)" ]; then \
+	  git ls-files -z | xargs -0 cp --parents -t $(COMPILED_DIR); \
+	else \
+	  tar -cf - --exclude=./build --exclude='./.venv*' --exclude=__pycache__ --exclude='*.so' . \
+	    | tar -xf - -C $(COMPILED_DIR); \
+	fi
 	cd $(COMPILED_DIR) && LITELLM_RATEBALANCE_COMPILE=1 $(CURDIR)/$(PY) setup.py -q build_ext --inplace \
 	  >mypyc.log 2>&1 || { tail -40 mypyc.log; exit 1; }
 	cd $(COMPILED_DIR) && $(CURDIR)/$(PY) -c 'from litellm_ratebalance.routing import core_build; \
