@@ -202,7 +202,8 @@ _POOL_CACHE_SIZE = 1024
 def _pool(deployments: Sequence[Any]) -> _Pool:
     """What the filter hook needs to know of these deployments (:class:`_Pool`), read once per set of dicts.
 
-    Assumes, as :func:`_candidate` does, that the Router does not edit a deployment dict in place."""
+    Assumes, as :func:`_candidate` does, that the Router does not edit a deployment dict in place: its
+    ``upsert_deployment`` replaces the dict (tests/integration/test_routing_router.py checks it)."""
     # The Router builds a new list of healthy deployments for every request, of the same dicts while its
     # model list stands (a cooldown leaves a subset of them): the dicts' ids name the set. One lookup on
     # the request path instead of a pass over the dicts for each of the three facts.

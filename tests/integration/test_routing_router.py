@@ -168,6 +168,29 @@ async def test_sdk_strategy_ends_a_pick_when_its_answer_is_back() -> None:
         strategy.uninstall()
 
 
+async def test_a_deployment_updated_through_the_router_is_read_again(caplog: pytest.LogCaptureFixture) -> None:
+    """The filter hook reads each deployment dict once and caches what it read by the dict's identity. That
+    holds only while LiteLLM replaces a deployment's dict when it changes (``upsert_deployment``, what the
+    proxy's model updates call) instead of editing it in place: the hook must see the new settings. The new
+    ``model_info`` here is invalid on purpose, so its warning shows that the hook read it."""
+    from litellm.types.router import Deployment
+
+    configure(settings=parse_settings({"ratebalance": {"routing": ROUTING}}), store=MemoryStore())
+    litellm.callbacks = [rate_balancer]
+    r = router(FAST, SLOW)
+    problem = "deployment fast (model_name g): model_info.slots=0 must be a number of at least 1"
+    with caplog.at_level("WARNING", logger="litellm_ratebalance"):
+        await drive(r, 4)
+        assert problem not in caplog.text
+        old = next(d for d in r.model_list if d["model_info"]["id"] == "fast")
+        updated: dict[str, Any] = {**FAST, "model_info": {"id": "fast", "slots": 0}}
+        assert r.upsert_deployment(Deployment(**updated)) is not None
+        served = await drive(r, 4)
+    assert problem in caplog.text
+    assert "slots" not in old["model_info"]  # the old dict was left as it was
+    assert sum(served.values()) == 4
+
+
 async def test_filter_returns_one_deployment_inside_the_router() -> None:
     seen: list[int] = []
 
