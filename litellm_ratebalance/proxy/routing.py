@@ -622,7 +622,8 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         return self._pinned if self._pinned is not None else self._source.get()
 
     def install(self) -> RateBalancedRouting:
-        """Make this the router's strategy and register the recorder in ``litellm.callbacks`` (once).
+        """Make this the router's strategy and register the recorder in ``litellm.callbacks`` (once); say which
+        build of the routing core runs, as the proxy callback does (``routing_core`` gauge, one INFO line).
 
         Raises ``ValueError`` when the router's model list has a bad ``model_info.input_to_output_ratio``
         or ``model_info.slots`` (see :func:`model_info_problems`)."""
@@ -638,6 +639,7 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
             manager.add_litellm_callback(self.recorder)
         elif self.recorder not in litellm.callbacks:
             litellm.callbacks.append(self.recorder)
+        _announce_core_build()
         return self
 
     def uninstall(self) -> None:

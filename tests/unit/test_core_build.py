@@ -56,3 +56,24 @@ def test_the_proxy_callback_reports_its_build_on_metrics_and_in_the_log(
     assert REGISTRY.get_sample_value("litellm_ratebalance_routing_core", {"build": other}) is None
     said = "compiled (mypyc)" if build == "compiled" else "pure Python"
     assert caplog.text.count(f"litellm_ratebalance routing core: {said}") == 1
+
+
+def test_the_sdk_strategy_reports_its_build_when_installed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import litellm
+    from litellm.router import Router
+
+    from litellm_ratebalance.proxy.routing import RateBalancedRouting
+    from litellm_ratebalance.routing import RoutingSettings
+    from litellm_ratebalance.store import MemoryStore
+
+    monkeypatch.setattr(proxy_routing, "_core_announced", [])
+    monkeypatch.setattr(litellm, "callbacks", [])
+    router = Router(model_list=[{"model_name": "g", "litellm_params": {"model": "openai/a", "api_key": "sk-x"}}])
+    with caplog.at_level(logging.INFO, logger="litellm_ratebalance"):
+        strategy = RateBalancedRouting(router, RoutingSettings(), store=MemoryStore()).install()
+    strategy.uninstall()
+    said = "compiled (mypyc)" if core_build() == "compiled" else "pure Python"
+    assert caplog.text.count(f"litellm_ratebalance routing core: {said}") == 1
+    assert REGISTRY.get_sample_value("litellm_ratebalance_routing_core", {"build": core_build()}) == 1.0
