@@ -123,6 +123,9 @@ async def _status(args: argparse.Namespace) -> int:
     from litellm_ratebalance import status
     from litellm_ratebalance.store import KeySpace, RedisStore
 
+    if args.cluster and not args.redis_url:
+        print("--cluster reads the --redis-url given as a Redis Cluster node: give --redis-url", file=sys.stderr)
+        return EXIT_USAGE
     try:
         config = status.load_proxy_config(args.config)
         target = status.resolve_redis(config, args.redis_url, override_cluster=args.cluster)

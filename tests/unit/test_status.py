@@ -317,3 +317,11 @@ def test_status_command_on_a_sentinel_set_asks_for_the_master(
     err = capsys.readouterr().err
     assert "does not ask sentinels for the master. Pass --redis-url with the current master's URL." in err
     assert "embedded store" not in err
+
+
+def test_cluster_flag_without_a_url_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from litellm_ratebalance.cli import EXIT_USAGE, main
+
+    config = _config(tmp_path, CLUSTER_CACHE)
+    assert main(["status", "--config", str(config), "--cluster"]) == EXIT_USAGE
+    assert "--cluster reads the --redis-url given as a Redis Cluster node" in capsys.readouterr().err
