@@ -20,7 +20,7 @@ import contextlib
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from litellm_ratebalance.errors import ConfigurationError, StoreError
 
@@ -100,18 +100,14 @@ def _scrub(text: str, secret: str | None) -> str:
 
 
 def _cluster_client(url: str, nodes: tuple[tuple[str, int], ...], timeout: float) -> Any:
-    """redis-py's async ``RedisCluster`` over these startup nodes, with the auth and TLS of ``url``
-    (the first node's), ``timeout`` seconds per connect and operation; ValueError on a URL that is not redis(s)://."""
+    """redis-py's async ``RedisCluster`` from ``url`` (the first startup node's, which carries the auth and TLS
+    of all), with the other startup ``nodes`` as well, ``timeout`` seconds per connect and operation;
+    ValueError or RedisClusterException on a URL redis-py cannot read or cannot use for a cluster."""
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss"):
-        raise ValueError(f"a Redis Cluster node needs a redis:// or rediss:// URL, not {parts.scheme!r}")
-    return RedisCluster(
-        startup_nodes=[ClusterNode(host, port) for host, port in nodes],
-        username=unquote(parts.username) if parts.username else None,
-        password=unquote(parts.password) if parts.password else None,
-        ssl=parts.scheme == "rediss",
+    return RedisCluster.from_url(
+        url,
+        startup_nodes=[ClusterNode(host, port) for host, port in nodes[1:]],
         socket_connect_timeout=timeout,
         socket_timeout=timeout,
     )
@@ -119,6 +115,7 @@ def _cluster_client(url: str, nodes: tuple[tuple[str, int], ...], timeout: float
 
 async def _status(args: argparse.Namespace) -> int:
     import redis.asyncio as aioredis
+    from redis.exceptions import RedisClusterException
 
     from litellm_ratebalance import status
     from litellm_ratebalance.store import KeySpace, RedisStore
@@ -157,7 +154,7 @@ async def _status(args: argparse.Namespace) -> int:
             client = _cluster_client(url, target.cluster_nodes, args.timeout)
         else:
             client = aioredis.Redis.from_url(url, socket_connect_timeout=args.timeout, socket_timeout=args.timeout)
-    except ValueError as exc:
+    except (ValueError, RedisClusterException) as exc:  # (the latter: e.g. a unix:// URL with --cluster)
         print(f"invalid Redis URL {masked} ({source}): {_scrub(str(exc), password)}", file=sys.stderr)
         return EXIT_USAGE
     store = RedisStore(

@@ -325,3 +325,14 @@ def test_cluster_flag_without_a_url_is_a_usage_error(tmp_path: Path, capsys: pyt
     config = _config(tmp_path, CLUSTER_CACHE)
     assert main(["status", "--config", str(config), "--cluster"]) == EXIT_USAGE
     assert "--cluster reads the --redis-url given as a Redis Cluster node" in capsys.readouterr().err
+
+
+def test_cluster_flag_with_a_url_no_cluster_can_use_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from litellm_ratebalance.cli import EXIT_USAGE, main
+
+    config = _config(tmp_path, CLUSTER_CACHE)
+    assert main(["status", "--config", str(config), "--redis-url", "unix:///tmp/r.sock", "--cluster"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "invalid Redis URL unix:///tmp/r.sock (--redis-url)" in err and "Traceback" not in err
