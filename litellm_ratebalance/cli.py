@@ -99,15 +99,15 @@ def _scrub(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
 
 
-def _cluster_client(url: str, nodes: tuple[tuple[str, int], ...], timeout: float) -> Any:
-    """redis-py's async ``RedisCluster`` from ``url`` (the first startup node's, which carries the auth and TLS
-    of all), with the other startup ``nodes`` as well, ``timeout`` seconds per connect and operation;
+def _cluster_client(url: str, other_nodes: tuple[tuple[str, int], ...], timeout: float) -> Any:
+    """redis-py's async ``RedisCluster`` from ``url`` (a startup node's, which carries the auth and TLS of all),
+    with the ``other_nodes`` as startup nodes too, ``timeout`` seconds per connect and operation;
     ValueError or RedisClusterException on a URL redis-py cannot read or cannot use for a cluster."""
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
     return RedisCluster.from_url(
         url,
-        startup_nodes=[ClusterNode(host, port) for host, port in nodes[1:]],
+        startup_nodes=[ClusterNode(host, port) for host, port in other_nodes],
         socket_connect_timeout=timeout,
         socket_timeout=timeout,
     )
@@ -150,8 +150,8 @@ async def _status(args: argparse.Namespace) -> int:
     masked = target.masked()
     client: Any
     try:
-        if target.cluster_nodes:
-            client = _cluster_client(url, target.cluster_nodes, args.timeout)
+        if target.cluster:
+            client = _cluster_client(url, target.other_nodes, args.timeout)
         else:
             client = aioredis.Redis.from_url(url, socket_connect_timeout=args.timeout, socket_timeout=args.timeout)
     except (ValueError, RedisClusterException) as exc:  # (the latter: e.g. a unix:// URL with --cluster)
@@ -173,14 +173,7 @@ async def _status(args: argparse.Namespace) -> int:
                 print(f"unknown model group(s) {unknown}; the config has {known}", file=sys.stderr)
                 return EXIT_USAGE
         report = await asyncio.wait_for(
-            status.collect(
-                store,
-                config,
-                url=url,
-                source=source,
-                model_groups=args.model or None,
-                cluster_nodes=target.cluster_nodes,
-            ),
+            status.collect(store, config, target=target, model_groups=args.model or None),
             timeout=args.timeout * 10,
         )
     except ConfigurationError as exc:
@@ -191,7 +184,7 @@ async def _status(args: argparse.Namespace) -> int:
         cause = exc.__cause__
         if cause is not None:
             detail += _scrub(f" ({type(cause).__name__}: {cause})", password)
-        if not target.cluster_nodes and "MovedError" in detail:
+        if not target.cluster and "MovedError" in detail:
             # A plain client on a cluster node reaches only the keys of that node's slots.
             detail += "; the server is a Redis Cluster node: add --cluster"
         print(f"cannot read the store at {masked} ({source}): {detail}", file=sys.stderr)

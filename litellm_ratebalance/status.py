@@ -667,12 +667,14 @@ class RedisTarget(NamedTuple):
     """Where the proxy's Redis is, as :func:`resolve_redis` finds it."""
 
     url: str | None
-    """A plain Redis: its URL. A Redis Cluster: the URL of its first startup node, which carries the auth and TLS
-    of every node. None: nothing this command can read (``source`` says why)."""
+    """A plain Redis: its URL. A Redis Cluster: the URL of one startup node, which carries the auth and TLS of
+    every node. None: nothing this command can read (``source`` says why)."""
     source: str
     """Where it came from (a config key or variable), or why there is nothing to read."""
-    cluster_nodes: tuple[tuple[str, int], ...] = ()
-    """A Redis Cluster's startup nodes (host, port), the first one ``url``'s; empty for a plain Redis."""
+    cluster: bool = False
+    """``url`` is a node of a Redis Cluster."""
+    other_nodes: tuple[tuple[str, int], ...] = ()
+    """A Redis Cluster's further startup nodes (host, port), besides ``url``'s."""
     sentinel: bool = False
     """The proxy's Redis is a Sentinel set (``url`` is None): this command does not ask sentinels for the master."""
 
@@ -681,7 +683,7 @@ class RedisTarget(NamedTuple):
         ``,host:port``; empty without a URL."""
         if self.url is None:
             return ""
-        return ",".join([mask_url(self.url), *(f"{host}:{port}" for host, port in self.cluster_nodes[1:])])
+        return ",".join([mask_url(self.url), *(f"{host}:{port}" for host, port in self.other_nodes)])
 
 
 def _cluster_nodes(value: object, where: str) -> tuple[tuple[str, int], ...]:
@@ -715,7 +717,7 @@ def _cluster_target(
     host, port = nodes[0]
     url = _url_from_parts(host, port, password, username, ssl)
     assert url is not None  # (a node always has a host)
-    return RedisTarget(url, source, cluster_nodes=nodes)
+    return RedisTarget(url, source, cluster=True, other_nodes=nodes[1:])
 
 
 _SENTINEL_REASON = (
@@ -735,14 +737,7 @@ def resolve_redis(config: ProxyConfig, override: str | None = None, *, override_
     set). ConfigurationError on startup nodes that are not a list of host and port.
     """
     if override:
-        if override_cluster:
-            try:
-                parts = urlsplit(override)
-                node = ((parts.hostname or "", parts.port or 6379),)
-            except ValueError:
-                return RedisTarget(override, "--redis-url")  # (the client reports the bad URL)
-            return RedisTarget(override, "--redis-url", cluster_nodes=node)
-        return RedisTarget(override, "--redis-url")
+        return RedisTarget(override, "--redis-url", cluster=override_cluster)
     if config.settings.ratebalance.redis_url:
         return RedisTarget(config.settings.ratebalance.redis_url, "ratebalance.redis_url")
     env_nodes = os.environ.get("REDIS_CLUSTER_NODES")
@@ -889,13 +884,11 @@ async def collect(
     store: Any,
     config: ProxyConfig,
     *,
-    url: str,
-    source: str,
+    target: RedisTarget,
     model_groups: Sequence[str] | None = None,
-    cluster_nodes: Sequence[tuple[str, int]] = (),
 ) -> StatusReport:
-    """Read everything status shows from ``store`` (a RedisStore); StoreError on a store fault. ``url`` /
-    ``source`` / ``cluster_nodes``: the :class:`RedisTarget` read, for the report (the URL masked)."""
+    """Read everything status shows from ``store`` (a RedisStore); StoreError on a store fault. ``target``:
+    where the store is, for the report (the URL masked)."""
     settings = config.settings
     deployments = config_deployments(config)
     by_group: dict[str, list[ConfigDeployment]] = {}
@@ -929,9 +922,9 @@ async def collect(
         contracts = contracts_status(book, window, window_seconds=contracts_settings.window_seconds, now_ms=now_ms)
     return StatusReport(
         generated_at_ms=now_ms,
-        backend="redis-cluster" if cluster_nodes else str(getattr(store, "backend", "redis")),
-        url=RedisTarget(url, source, tuple(cluster_nodes)).masked(),
-        source=source,
+        backend="redis-cluster" if target.cluster else str(getattr(store, "backend", "redis")),
+        url=target.masked(),
+        source=target.source,
         key_prefix=settings.ratebalance.key_prefix,
         model_groups=tuple(groups),
         contracts=contracts,

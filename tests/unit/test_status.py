@@ -235,24 +235,23 @@ def test_resolve_redis_finds_a_cluster_as_litellm_does(tmp_path: Path, monkeypat
     assert target == RedisTarget(
         "redis://:pw@10.0.0.1:7001",
         "litellm_settings.cache_params.redis_startup_nodes",
-        cluster_nodes=(("10.0.0.1", 7001), ("10.0.0.2", 7002)),
+        cluster=True,
+        other_nodes=(("10.0.0.2", 7002),),
     )
     assert target.masked() == "redis://:***@10.0.0.1:7001,10.0.0.2:7002"
     # Without startup nodes in the config, LiteLLM's REDIS_CLUSTER_NODES (JSON) makes the cache a cluster...
     monkeypatch.setenv("REDIS_CLUSTER_NODES", '[{"host": "10.0.0.3", "port": 7003}]')
     target = resolve_redis(load_proxy_config(_config(tmp_path, CLUSTER_CACHE)))
-    assert (target.source, target.cluster_nodes) == ("REDIS_CLUSTER_NODES", (("10.0.0.3", 7003),))
+    assert target == RedisTarget("redis://:pw@10.0.0.3:7003", "REDIS_CLUSTER_NODES", cluster=True)
     # ... and the router's Redis too.
     router_only = "router_settings: {redis_host: 127.0.0.1, redis_port: 7001, redis_password: rpw}\n"
     target = resolve_redis(load_proxy_config(_config(tmp_path, router_only)))
-    assert target == RedisTarget(
-        "redis://:rpw@10.0.0.3:7003", "REDIS_CLUSTER_NODES", cluster_nodes=(("10.0.0.3", 7003),)
-    )
+    assert target == RedisTarget("redis://:rpw@10.0.0.3:7003", "REDIS_CLUSTER_NODES", cluster=True)
     # --redis-url as one node of a cluster.
     target = resolve_redis(
         load_proxy_config(_config(tmp_path, "model_list: []\n")), "redis://h:7005", override_cluster=True
     )
-    assert target == RedisTarget("redis://h:7005", "--redis-url", cluster_nodes=(("h", 7005),))
+    assert target == RedisTarget("redis://h:7005", "--redis-url", cluster=True)
 
 
 @pytest.mark.parametrize(
