@@ -45,7 +45,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -65,10 +65,10 @@ from litellm_ratebalance.backpressure.shedding import (
     retry_after_seconds,
 )
 from litellm_ratebalance.backpressure.signals import Fetcher, GpuProbe, NvmlProbe, SignalBoard, server_signals
-from litellm_ratebalance.errors import StoreError
+from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.identity import metadata_value, resolve_priority
-from litellm_ratebalance.proxy.runtime import get_runtime
+from litellm_ratebalance.proxy.runtime import get_runtime, schedule_startup_check
 from litellm_ratebalance.proxy.tokens import estimate_tokens
 from litellm_ratebalance.store.concurrency import LeaseRefusal
 
@@ -207,6 +207,11 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     Built with no arguments by LiteLLM; tests may pass ``gpu_probe`` (default: NVML when
     ``signals.nvml`` is on), ``fetch`` (the metrics HTTP client) and ``clock`` (monotonic seconds).
+
+    In the proxy, building one schedules the start-up check (:func:`~litellm_ratebalance.proxy.runtime.
+    schedule_startup_check`): once the config is applied, an invalid ``litellm_settings`` value (of any of
+    our components) or ``model_info.backpressure`` block ends the process with status 78 and the key path,
+    whether or not another callback of ours is listed.
     """
 
     def __init__(
@@ -221,6 +226,9 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         self._fetch = fetch
         self._clock = clock
         self._config_error_logged = False
+        # Settings are read lazily (LiteLLM builds this before the rest of the config is applied), so this only
+        # schedules the check; it does nothing outside the proxy. This instance may be the only one of ours.
+        schedule_startup_check(model_list_check=startup_model_info_problems)
 
     # -- context --------------------------------------------------------------------------------------------
     def _context(self) -> _Context | None:
@@ -1047,6 +1055,31 @@ def _is_drop(exception: Any) -> bool:
     if status is not None:
         return status >= 500 or status in (408, 429)
     return isinstance(exception, (TimeoutError, asyncio.TimeoutError, ConnectionError))
+
+
+def startup_model_info_problems(model_list: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every invalid ``model_info.backpressure`` block (and ``deployments.<id>`` override) of ``model_list``,
+    one line each: ``deployment <id> (model_name <group>): model_info.backpressure.<key>: <what is valid>``.
+
+    Run by the start-up check after the settings validated, so reading them here does not raise. A block
+    that would fail here at the first request instead leaves its deployment unprotected (logged once); at
+    start-up it is refused, like any other invalid setting. Deployments without an id are skipped (the
+    Router gives every deployment one)."""
+    settings = get_runtime().settings().ratebalance.backpressure
+    problems: list[str] = []
+    for deployment in model_list:
+        info = _litellm.deployment_model_info(deployment)
+        if info is None or info.get("id") is None:
+            continue
+        deployment_id = str(info["id"])
+        try:
+            settings.for_deployment(deployment_id, info)
+        except ConfigurationError as exc:
+            where = f"deployment {deployment_id} (model_name {_litellm.deployment_model_group(deployment)})"
+            # The error reads "invalid configuration:" then one "deployment '<id>': <key>: <text>" line per problem.
+            for line in str(exc).splitlines()[1:]:
+                problems.append(f"{where}: {line.strip().removeprefix(f'deployment {deployment_id!r}: ')}")
+    return problems
 
 
 backpressure = BackpressureCallback()

@@ -56,7 +56,7 @@ from litellm_ratebalance.contracts.policy import (
 from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
-from litellm_ratebalance.proxy.runtime import Runtime, get_runtime
+from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 from litellm_ratebalance.proxy.tokens import actual_tokens, estimate_tokens, usage_of
 from litellm_ratebalance.settings import Settings
 
@@ -156,9 +156,16 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         """``runtime``: settings/store/router for this instance only (tests, several in one process);
-        ``uniform`` / ``sleep``: the jitter source and wait of the ``delay`` action (tests pass fakes)."""
+        ``uniform`` / ``sleep``: the jitter source and wait of the ``delay`` action (tests pass fakes).
+
+        With the process-wide runtime, in the proxy, an invalid setting (of any of our components) ends the
+        process at start-up with status 78 and the key path, even when this is our only callback listed
+        (:func:`~litellm_ratebalance.proxy.runtime.schedule_startup_check`). With its own ``runtime`` (SDK,
+        tests) nothing is scheduled: settings are validated on first use."""
         super().__init__()
         self._own_runtime = runtime
+        if runtime is None:
+            schedule_startup_check()
         self._uniform = uniform
         self._sleep = sleep
         self._derived: _Derived | None = None
