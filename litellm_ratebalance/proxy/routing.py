@@ -6,10 +6,12 @@
   cooldown filtering: we narrow the healthy list to the one weighted pick. Whatever ``routing_strategy`` is
   set then has a single deployment left (``simple-shuffle``, the default, costs least). Finished calls are
   recorded from ``async_log_success_event`` / ``async_log_failure_event``.
-* SDK: :class:`RateBalancedRouting`, a ``CustomRoutingStrategyBase``; ``RateBalancedRouting(router).install()``
-  sets it with ``router.set_custom_routing_strategy`` (``register_plugin`` where that is the name) and
-  registers its recorder in ``litellm.callbacks``. A custom strategy bypasses the Router's health and
-  cooldown filtering, so it asks ``router.async_get_healthy_deployments`` first.
+* SDK: :class:`RateBalancedRouting`, a ``CustomRoutingStrategyBase``, set the way LiteLLM documents
+  (``router.set_custom_routing_strategy(RateBalancedRouting(router))``, ``register_plugin`` where that is the
+  name) or with ``RateBalancedRouting(router).install()``, which does the same after checking the model list.
+  Either way every async pick makes sure its recorder is in ``litellm.callbacks``, so outcomes are recorded
+  from the first call. A custom strategy bypasses the Router's health and cooldown filtering, so it asks
+  ``router.async_get_healthy_deployments`` first.
 
 What is a sample: a call that reached a deployment (``model_id`` known) and was not a cache hit. A failure
 counts against the deployment (zero-rate sample) unless its status says the request itself was at fault
@@ -28,6 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+import litellm
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
@@ -593,8 +596,11 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
     """Rate-balanced routing for SDK users of ``litellm.Router``::
 
         router = litellm.Router(model_list=...)
-        RateBalancedRouting(router).install()      # then: await router.acompletion(model="group", ...)
+        router.set_custom_routing_strategy(RateBalancedRouting(router))  # or RateBalancedRouting(router).install()
+        # then: await router.acompletion(model="group", ...)
 
+    The balancer learns from the outcome of every call it routed, whichever way it was set: each async pick
+    first makes sure :attr:`recorder` is in ``litellm.callbacks`` (see :meth:`ensure_recorder`).
     ``settings`` / ``store`` default to those of ``runtime`` (the process runtime unless given:
     ``ratebalance.routing``, the configured Redis or the embedded store); ``balancer`` shares a core.
     Async calls are balanced; the Router's synchronous calls fall back to its own strategy (LiteLLM runs
@@ -617,35 +623,64 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         self._pinned = balancer
         self._source = _BalancerSource(runtime)
         self.recorder = _StrategyRecorder(self)
+        # The callback list that refused the recorder (LiteLLM's MAX_CALLBACKS) and its length then: not
+        # asked again, so a full list costs one warning, not a refusal and a warning on every request.
+        self._refused: tuple[list[Any], int] | None = None
 
     def balancer(self) -> RateBalancer:
         return self._pinned if self._pinned is not None else self._source.get()
 
+    def ensure_recorder(self) -> bool:
+        """Put :attr:`recorder` in ``litellm.callbacks`` unless it is there; True when it is there now.
+
+        Every async pick calls this before it returns its deployment: LiteLLM reads ``litellm.callbacks``
+        when the call itself starts, after the pick, so the first call a strategy routes is recorded too.
+        Without it a strategy set only with ``set_custom_routing_strategy`` would count each pick in flight
+        and never learn its outcome. Idempotent (one entry however often it runs), and re-checked on each
+        pick, so a recorder dropped from the list, or a list replaced, is put back at the next pick. When it
+        adds the recorder it also says which build of the routing core runs (:func:`core_build`; logged once
+        per process), as the proxy callback does. Where LiteLLM refuses to add it (its ``MAX_CALLBACKS``
+        limit), a warning is logged and the same list is not asked again until its length changes."""
+        callbacks = litellm.callbacks
+        if self.recorder in callbacks:
+            return True
+        if self._refused is not None and self._refused[0] is callbacks and self._refused[1] == len(callbacks):
+            return False
+        manager = getattr(litellm, "logging_callback_manager", None)
+        if manager is not None and hasattr(manager, "add_litellm_callback"):
+            manager.add_litellm_callback(self.recorder)  # LiteLLM's own check of duplicates and limits
+        else:
+            callbacks.append(self.recorder)
+        if self.recorder not in litellm.callbacks:
+            self._refused = (callbacks, len(callbacks))
+            logger.warning(
+                "litellm_ratebalance routing: LiteLLM did not add the rate balancer's recorder to"
+                " litellm.callbacks (%d callbacks there); calls are routed but their outcomes not learnt",
+                len(callbacks),
+            )
+            return False
+        self._refused = None
+        _announce_core_build()
+        return True
+
     def install(self) -> RateBalancedRouting:
-        """Make this the router's strategy and register the recorder in ``litellm.callbacks`` (once); say which
-        build of the routing core runs, as the proxy callback does (``routing_core`` gauge, one INFO line).
+        """Make this the router's strategy (``set_custom_routing_strategy``, or ``register_plugin`` where that
+        is the name) and register the recorder now (:meth:`ensure_recorder`); the first pick would do the
+        latter anyway.
 
         Raises ``ValueError`` when the router's model list has a bad ``model_info.input_to_output_ratio``
-        or ``model_info.slots`` (see :func:`model_info_problems`)."""
+        or ``model_info.slots`` (see :func:`model_info_problems`); set the LiteLLM way, such a value is
+        logged as a warning and ignored instead."""
         problems = model_info_problems(getattr(self.router, "model_list", None) or [])
         if problems:
             raise ValueError("; ".join(problems))
         install = getattr(self.router, "set_custom_routing_strategy", None) or self.router.register_plugin
         install(self)
-        import litellm
-
-        manager = getattr(litellm, "logging_callback_manager", None)
-        if manager is not None and hasattr(manager, "add_litellm_callback"):
-            manager.add_litellm_callback(self.recorder)
-        elif self.recorder not in litellm.callbacks:
-            litellm.callbacks.append(self.recorder)
-        _announce_core_build()
+        self.ensure_recorder()
         return self
 
     def uninstall(self) -> None:
-        """Give the router its own strategy back and drop the recorder."""
-        import litellm
-
+        """Give the router its own strategy back and drop the recorder from ``litellm.callbacks``."""
         for name in ("get_available_deployment", "async_get_available_deployment"):
             # set_custom_routing_strategy set these on the instance; removing them uncovers the class's.
             self.router.__dict__.pop(name, None)
@@ -670,6 +705,8 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         if isinstance(healthy, dict):
             return healthy  # a specific deployment was asked for
         try:
+            # Before the pick counts a request in flight: only the recorder ends it.
+            self.ensure_recorder()
             pool = _backpressure_available(healthy, request_kwargs)
             index = _pick(self.balancer(), model, pool, request_kwargs, messages)
             if index is not None:

@@ -237,6 +237,49 @@ async def test_sdk_strategy_picks_healthy_deployments_and_records() -> None:
     assert "async_get_available_deployment" not in vars(r)
 
 
+async def test_sdk_strategy_set_the_litellm_way_learns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Set only as LiteLLM documents a custom strategy (no install()): every routed call is still recorded,
+    no pick stays counted in flight, and the traffic leaves the uniform split for ``fast``. Then LiteLLM's
+    callback lists are all replaced (as a config reload may), which drops the recorder, and it still learns."""
+    r = router(FAST, SLOW)
+    strategy = RateBalancedRouting(r, RoutingSettings(**ROUTING), store=MemoryStore())
+    r.set_custom_routing_strategy(strategy)
+    both = (Candidate("fast"), Candidate("slow"))
+    balancer = strategy.balancer()
+    # Ten at once first: each is counted in flight at its pick, and its outcome must end that.
+    burst = await asyncio.gather(*(r.acompletion(model="g", messages=MESSAGES) for _ in range(10)))
+    warm = await drive(r, 10)
+    assert len(burst) == 10 and sum(warm.values()) == 10
+    estimates = await settle(balancer, ("fast", "slow"), 20)
+    assert sum(e.requests_last_minute for e in estimates.values()) == 20
+    assert [e.in_flight for e in estimates.values()] == [0, 0], estimates
+    samples = sum(e.samples for e in estimates.values())
+    assert samples > 0
+    later = await drive(r, 40)
+    assert later["fast"] >= 30, (later, balancer.estimates("g", both))
+    estimates = await settle(balancer, ("fast", "slow"), 60)
+    assert sum(e.requests_last_minute for e in estimates.values()) == 60
+    assert sum(e.samples for e in estimates.values()) > samples
+    assert [e.in_flight for e in estimates.values()] == [0, 0], estimates
+    assert estimates["fast"].share is not None and estimates["fast"].share > 0.8, estimates
+
+    # Every list LiteLLM builds a call's loggers from, replaced by an empty one: only the strategy's own
+    # re-check at its next pick can bring the recorder back.
+    for name in (
+        "callbacks",
+        "success_callback",
+        "failure_callback",
+        "_async_success_callback",
+        "_async_failure_callback",
+    ):
+        monkeypatch.setattr(litellm, name, [])
+    await drive(r, 10)
+    assert litellm.callbacks == [strategy.recorder]
+    estimates = await settle(balancer, ("fast", "slow"), 70)
+    assert sum(e.requests_last_minute for e in estimates.values()) == 70
+    assert [e.in_flight for e in estimates.values()] == [0, 0], estimates
+
+
 async def test_sdk_strategy_respects_cooldown() -> None:
     r = Router(model_list=[dict(FAST), dict(BROKEN)], num_retries=0, allowed_fails=0, cooldown_time=60)
     strategy = RateBalancedRouting(r, RoutingSettings(**ROUTING), store=MemoryStore()).install()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from litellm.integrations.custom_logger import CustomLogger
 
 from litellm_ratebalance.proxy.routing import (
     RateBalancedRouting,
@@ -96,6 +97,68 @@ def test_sdk_install_refuses_a_model_list_with_bad_slots() -> None:
     expected = r"deployment a \(model_name g\): model_info\.slots=-2 must be a number of at least 1"
     with pytest.raises(ValueError, match=expected):
         RateBalancedRouting(FakeRouter(), balancer=balancer).install()
+
+
+class _HealthyRouter:
+    """Stands in for a ``litellm.Router``: what the strategy asks of it, two healthy deployments."""
+
+    model_list = [deployment("a"), deployment("b")]
+
+    def set_custom_routing_strategy(self, strategy: Any) -> None:
+        # What LiteLLM's does: the strategy's methods replace the router's own, and nothing else.
+        self.async_get_available_deployment = strategy.async_get_available_deployment
+
+    async def async_get_healthy_deployments(self, **kwargs: Any) -> list[dict[str, Any]]:
+        return list(self.model_list)
+
+
+async def test_sdk_strategy_set_the_litellm_way_registers_its_recorder_at_its_first_pick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import litellm
+
+    monkeypatch.setattr(litellm, "callbacks", [])
+    router = _HealthyRouter()
+    balancer, _ = make_balancer()
+    strategy = RateBalancedRouting(router, balancer=balancer)
+    assert strategy.recorder not in litellm.callbacks  # built, not yet used: no global side effect
+    router.set_custom_routing_strategy(strategy)  # no install()
+    for _ in range(3):
+        pick = await router.async_get_available_deployment(model="g", request_kwargs={})
+        assert pick["model_info"]["id"] in {"a", "b"}
+    assert litellm.callbacks == [strategy.recorder]  # once, however many picks
+    # Callback lists replaced (a config reload) or the recorder dropped: the next pick puts it back.
+    litellm.callbacks = [other := CustomLogger()]
+    await router.async_get_available_deployment(model="g", request_kwargs={})
+    assert litellm.callbacks == [other, strategy.recorder]
+    litellm.callbacks.remove(strategy.recorder)
+    await router.async_get_available_deployment(model="g", request_kwargs={})
+    assert litellm.callbacks == [other, strategy.recorder]
+    strategy.uninstall()
+    assert litellm.callbacks == [other]
+
+
+async def test_sdk_strategy_warns_once_when_litellm_refuses_its_recorder(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import litellm
+    from litellm.constants import MAX_CALLBACKS
+
+    full: list[Any] = [CustomLogger() for _ in range(MAX_CALLBACKS)]
+    monkeypatch.setattr(litellm, "callbacks", full)
+    router = _HealthyRouter()
+    balancer, _ = make_balancer()
+    strategy = RateBalancedRouting(router, balancer=balancer)
+    router.set_custom_routing_strategy(strategy)
+    with caplog.at_level("WARNING", logger="litellm_ratebalance"):
+        for _ in range(3):  # the picks still route
+            pick = await router.async_get_available_deployment(model="g", request_kwargs={})
+            assert pick["model_info"]["id"] in {"a", "b"}
+    assert strategy.recorder not in litellm.callbacks
+    assert caplog.text.count("did not add the rate balancer's recorder") == 1
+    full.pop()  # room again: the next pick asks again, and is heard
+    await router.async_get_available_deployment(model="g", request_kwargs={})
+    assert full[-1] is strategy.recorder
 
 
 async def test_success_payload_becomes_a_sample_with_headers() -> None:
