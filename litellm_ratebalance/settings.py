@@ -62,8 +62,19 @@ class LimiterSettings(SettingsModel):
     """``ratebalance.limiter``: the priority admission limiter."""
 
     window_seconds: Annotated[int, Field(ge=1, le=3600)] = 60
+    output_estimate: Literal["learned", "max_tokens"] = "learned"
+    """What a request reserves for its output before the call. ``learned``: the model group's learned
+    output size at ``output_estimate_quantile`` (``default_output_tokens`` until the first answer is
+    learned), at most the request's max_tokens; answers longer than that are paid for from the next
+    window. ``max_tokens``: the request's max_tokens (else ``default_output_tokens``), a strict cap that
+    refuses what long max_tokens values do not use."""
+    output_estimate_quantile: Fraction = 0.5
+    """Which quantile of the learned output sizes a request reserves: higher reserves more (fewer
+    answers outrun their reservation, less carried into the next window; more room idle while requests
+    are in flight), lower reserves less."""
     default_output_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = 256
-    """Output tokens reserved for a request that sets neither max_tokens nor max_completion_tokens."""
+    """Output tokens reserved before anything is learned (``learned``), or for a request that sets neither
+    max_tokens nor max_completion_tokens (``max_tokens``)."""
     max_reserved_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)] = 32_768
     """Upper bound on the output tokens one request reserves (a huge max_tokens is clamped to it)."""
     lendable: dict[str, Fraction] = Field(default_factory=dict)
@@ -132,6 +143,13 @@ class Settings(SettingsModel):
                 raise ValueError(f"priority names must be non-empty strings of at most 256 characters, got {name!r}")
             if isinstance(spec, float) and not 0.0 <= spec <= 1.0:
                 raise ValueError(f"{name}: a fraction must be between 0.0 and 1.0 (got {spec!r})")
+            if isinstance(spec, ReservationSpec) and spec.type == "percent" and spec.value > 1.0:
+                # LiteLLM takes {type: percent, value: 90} as a weight of 90, and normalising the weights
+                # then leaves every other priority almost nothing: refuse it instead of guessing.
+                raise ValueError(
+                    f"{name}.value: a percent reservation is a fraction 0..1; did you mean "
+                    f"{spec.value / 100:g}? (got {spec.value:g})"
+                )
         return value
 
     @model_validator(mode="after")

@@ -3,15 +3,18 @@
 One request's path:
 
 1. ``async_pre_call_hook``: resolve the model group's capacity (cached), the caller's pool (team, then key
-   metadata; unknown priorities share the default pool), the token estimate (prompt + requested output,
-   per ``token_rate_limit_type``), build the limits (pure policy) and make **one** store call that decides
-   and reserves atomically. Refused: a 429 in LiteLLM's message structure with ``retry-after`` and
+   metadata; unknown priorities share the default pool), the cost (prompt tokens counted now, plus the
+   output: the learned estimate capped at max_tokens, per ``token_rate_limit_type``), build the limits
+   (pure policy) and make **one** store call that applies pending settles, decides and reserves
+   atomically. Refused: a 429 in LiteLLM's message structure with ``retry-after`` and
    ``x-ratelimit-*`` headers. Admitted: a ticket in the request metadata and headers for the response.
 2. ``async_post_call_response_headers_hook``: the admission headers on the successful response.
-3. ``async_log_success_event``: **one** store call reconciling the reservation to the actual usage
-   (LiteLLM runs logging callbacks off the response path).
+3. ``async_log_success_event``: the correction to the actual usage (and a sample for the learned output
+   estimate) joins the model group's pending batch, with no store call of its own: the batch travels with
+   the next admission of that model group, or is flushed within 100 ms (:mod:`.settle_queue`).
 4. ``async_post_call_failure_hook`` / ``async_log_failure_event``: give the token reservation back (and the
-   request too when the failure came from a proxy hook, i.e. the provider never saw the request).
+   request too when the failure came from a proxy hook, i.e. the provider never saw the request), queued
+   the same way.
 
 The reservation still held by each ticket is tracked in this process (the hooks of one request run in
 the replica that admitted it), so a ticket is settled exactly once however many of these hooks fire,
@@ -31,6 +34,8 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from litellm_ratebalance import metrics
+from litellm_ratebalance.admission.estimate import SettleBatch
+from litellm_ratebalance.admission.ledger import RequestCost
 from litellm_ratebalance.admission.policy import (
     AdmissionLimits,
     build_limits,
@@ -46,7 +51,8 @@ from litellm_ratebalance.proxy.capacity import Capacity, CapacityCache
 from litellm_ratebalance.proxy.identity import resolve_priority
 from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
-from litellm_ratebalance.proxy.tokens import actual_tokens, estimate_tokens, usage_of
+from litellm_ratebalance.proxy.settle_queue import SettleQueue
+from litellm_ratebalance.proxy.tokens import actual_tokens, prompt_tokens, requested_output_tokens, usage_of
 from litellm_ratebalance.settings import Settings
 from litellm_ratebalance.store.keys import escape_name
 
@@ -61,6 +67,8 @@ TICKET_KEY = "ratebalance_admission"
 """Request-metadata key holding the admission ticket id (and the response headers)."""
 
 _MAX_OPEN_TICKETS = 100_000
+_MIN_TICKET_SECONDS = 900.0
+"""A request that runs longer than this (and two windows) is no longer corrected after the call."""
 
 _NO_OUTPUT_CALL_TYPES = frozenset({"embedding", "aembedding", "moderation", "amoderation", "rerank", "arerank"})
 """LiteLLM call types whose responses have no output tokens: no default output estimate is reserved."""
@@ -73,6 +81,9 @@ class _Ticket:
     window_start_ms: int
     held_tokens: int
     expires_at: float
+    learn_beyond: int | None
+    """Teaches the output estimate: the sample is the actual tokens minus this (the part counted before
+    the call); ``None`` when the request teaches nothing (no estimated output)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +113,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         self._derived: _Derived | None = None
         self._capacity: CapacityCache | None = None
         self._tickets: OrderedDict[str, _Ticket] = OrderedDict()
+        self._settles = SettleQueue(self._flush)
         self._admissions = metrics.counter(
             "admission_decisions",
             "Priority limiter decisions by model group, priority and result",
@@ -111,6 +123,11 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             "admission_saturation", "Model-group saturation seen at the last decision", ["model_group"]
         )
         self._latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
+        self._estimate = metrics.gauge(
+            "admission_output_estimate_tokens",
+            "Learned output tokens a request of the model group reserves (before capping at max_tokens)",
+            ["model_group"],
+        )
 
     def _runtime(self) -> Runtime:
         return self._own_runtime if self._own_runtime is not None else get_runtime()
@@ -181,25 +198,27 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         priority_label = priority if priority is not None else "default"
         limits = self._limits(derived, capacity, priority)
         limiter_settings = derived.settings.ratebalance.limiter
-        cost = (
-            estimate_tokens(
-                requested_model,
-                data,
-                derived.settings.effective_token_type,
-                0 if _produces_no_output(call_type) else limiter_settings.default_output_tokens,
-                limiter_settings.max_reserved_output_tokens,
-            )
-            if capacity.tpm is not None
-            else 0
-        )
+        cost = _request_cost(requested_model, data, derived.settings, call_type) if capacity.tpm else RequestCost(0)
+        settles = self._settles.take(model_group)
         try:
-            result = await runtime.store().acquire(model_group, limits, cost, derived.window_ms)
+            result = await runtime.store().acquire(
+                model_group,
+                limits,
+                cost,
+                derived.window_ms,
+                settles=settles,
+                quantile=limiter_settings.output_estimate_quantile,
+            )
         except StoreError as exc:
+            if settles is not None:
+                self._settles.put_back(model_group, settles, derived.window_ms)
             if runtime.faults.record(COMPONENT, exc, derived.settings):
                 self._admissions.labels(model_group, priority_label, "admitted", "store_error").inc()
                 return
             raise runtime.faults.unavailable(COMPONENT) from None
         self._saturation.labels(model_group).set(result.saturation)
+        if result.estimate is not None:
+            self._estimate.labels(model_group).set(result.estimate)
         headers = rate_limit_headers(
             limits=limits,
             counters=result.counters,
@@ -226,9 +245,12 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             raise _litellm.rate_limit_exception(message, headers, model_group)
         self._admissions.labels(model_group, priority_label, "admitted", "").inc()
         ticket_id = uuid.uuid4().hex
+        learn_beyond = cost.fixed if cost.output_cap is not None else None
+        # Late corrections still count (carried into the current window): keep tickets past their window.
+        expires_at = time.monotonic() + max(2 * derived.window_ms / 1000, _MIN_TICKET_SECONDS)
         self._remember(
             ticket_id,
-            _Ticket(model_group, limits.pool, result.window_start_ms, cost, time.monotonic() + 2 * derived.window_ms),
+            _Ticket(model_group, limits.pool, result.window_start_ms, result.cost_tokens, expires_at, learn_beyond),
         )
         metadata = data.get("metadata")
         if not isinstance(metadata, dict):
@@ -266,7 +288,10 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         used = actual_tokens(usage_of(kwargs, response_obj), derived.settings.effective_token_type)
         if used is None:
             return  # no usage reported (e.g. some streams): the reservation stands as the estimate
-        await self._settle(ticket, used - ticket.held_tokens, 0)
+        batch = self._settles.batch(ticket.model_group)
+        batch.add(ticket.window_start_ms, ticket.pool, used - ticket.held_tokens)
+        if ticket.learn_beyond is not None:
+            batch.learn(used - ticket.learn_beyond)
 
     async def async_log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
@@ -299,8 +324,8 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
     def _remember(self, ticket_id: str, ticket: _Ticket) -> None:
         tickets = self._tickets
         now = time.monotonic()
-        # Tickets whose window has long ended can no longer be settled (the store drops late settles);
-        # forget them so a request that never reports back cannot leak memory.
+        # Forget tickets of requests that never reported back (bounded memory); a correction that comes
+        # later still would be carried into the window current then.
         while tickets and (len(tickets) >= _MAX_OPEN_TICKETS or next(iter(tickets.values())).expires_at < now):
             tickets.popitem(last=False)
         tickets[ticket_id] = ticket
@@ -315,7 +340,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             return ticket
         held = ticket.held_tokens
         ticket.held_tokens = 0
-        return _Ticket(ticket.model_group, ticket.pool, ticket.window_start_ms, held, ticket.expires_at)
+        return _Ticket(ticket.model_group, ticket.pool, ticket.window_start_ms, held, ticket.expires_at, None)
 
     async def _release(self, ticket_id: str, exception: Any) -> None:
         ticket = self._take(ticket_id, keep_window=False)
@@ -327,21 +352,46 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         give_request_back = isinstance(exception, HTTPException)
         if give_request_back:
             self._tickets.pop(ticket_id, None)
-        await self._settle(ticket, -ticket.held_tokens, -1 if give_request_back else 0)
-
-    async def _settle(self, ticket: _Ticket, token_delta: int, request_delta: int) -> None:
-        if token_delta == 0 and request_delta == 0:
+        elif ticket.held_tokens == 0:
             return
+        self._settles.batch(ticket.model_group).add(
+            ticket.window_start_ms, ticket.pool, -ticket.held_tokens, -1 if give_request_back else 0
+        )
+
+    async def _flush(self, model_group: str, batch: SettleBatch) -> bool:
+        """Send one model group's pending settles (the settle queue's timer); ``False`` if not sent."""
         runtime = self._runtime()
+        derived = self._config()
         try:
-            await runtime.store().settle(
-                ticket.model_group, ticket.pool, ticket.window_start_ms, token_delta, request_delta
+            await runtime.store().flush(
+                model_group, batch, quantile=derived.settings.ratebalance.limiter.output_estimate_quantile
             )
         except StoreError as exc:
-            # Post-call: nothing to refuse any more; fail mode only decides whether we warn.
-            runtime.faults.record(COMPONENT, exc, self._config().settings)
-        except Exception:
-            logger.exception("litellm_ratebalance rate_limiter: settling a reservation failed")
+            # Post-call: nothing to refuse any more; the batch waits for the next admission of its model
+            # group, and the fail mode only decides whether we warn.
+            self._settles.put_back(model_group, batch, derived.window_ms)
+            runtime.faults.record(COMPONENT, exc, derived.settings)
+            return False
+        return True
+
+    async def flush_settles(self) -> None:
+        """Send every pending settle now (tests, shutdown); normally they travel with admissions."""
+        await self._settles.flush_all()
+
+
+def _request_cost(model: str, data: dict[str, Any], settings: Settings, call_type: Any) -> RequestCost:
+    """What the request reserves (module doc, step 1): the prompt when the token type counts input, plus
+    the output when it counts output and the call produces any."""
+    token_type = settings.effective_token_type
+    limiter = settings.ratebalance.limiter
+    fixed = prompt_tokens(model, data) if token_type in ("input", "total") else 0
+    if token_type == "input" or _produces_no_output(call_type):
+        return RequestCost(fixed)
+    ceiling = limiter.max_reserved_output_tokens
+    if limiter.output_estimate == "max_tokens":
+        return RequestCost(fixed + requested_output_tokens(data, limiter.default_output_tokens, ceiling))
+    cap = requested_output_tokens(data, ceiling, ceiling)
+    return RequestCost(fixed, output_cap=cap, prior=min(limiter.default_output_tokens, ceiling))
 
 
 def _produces_no_output(call_type: Any) -> bool:

@@ -2,39 +2,49 @@
 
 Two operations, each one atomic step (one Redis round trip):
 
-* :meth:`AdmissionStore.acquire` decides a request against the live window and reserves it if admitted;
-* :meth:`AdmissionStore.settle` corrects the reservation after the call (reconcile or release).
+* :meth:`AdmissionStore.acquire` applies the settles sent with it, then decides a request against the
+  live window and reserves it if admitted;
+* :meth:`AdmissionStore.flush` applies settles alone (when no request of the model group comes soon).
+
+The rules (settles per window, carry into the next window, the learned output estimate, the decision)
+are those of :mod:`litellm_ratebalance.admission.ledger`, which the embedded backend runs as is and the
+Redis script ``admission_acquire.lua`` mirrors.
 
 Window contract (both backends): a model group's window starts at the first request decided while no
 window is live, and lasts ``window_ms``; the first request at or after ``start + window_ms`` starts the
-next one with all counters at zero. A settle for an ended window is dropped: usage belongs to the window
-the request was admitted in.
+next one, with the tokens the ended window used past its tpm already counted (the carry).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
+from litellm_ratebalance.admission.estimate import DECAY_AT_SAMPLES, SettleBatch
+from litellm_ratebalance.admission.ledger import AdmissionLedger, RequestCost
 from litellm_ratebalance.admission.policy import (
     AdmissionLimits,
     RejectReason,
     WindowCounters,
-    decide,
     protected_room,
 )
 from litellm_ratebalance.store._scripts import ScriptRunner
 from litellm_ratebalance.store.keys import KeySpace
 
 __all__ = [
+    "DEFAULT_QUANTILE",
     "AcquireResult",
     "AdmissionSnapshot",
     "AdmissionStore",
     "MemoryAdmissionStore",
     "RedisAdmissionStore",
 ]
+
+DEFAULT_QUANTILE = 0.5
+ESTIMATE_TTL_MS = 24 * 3600 * 1000
+"""A model group's learned estimate is forgotten a day after its last sample."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +62,10 @@ class AcquireResult:
     strict: bool
     held_requests: float
     held_tokens: float
+    cost_tokens: int
+    """Tokens the request reserves (or would have)."""
+    estimate: float | None
+    """The model group's learned output estimate; ``None`` before any sample."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,46 +77,79 @@ class AdmissionSnapshot:
     requests: int
     tokens: int
     pools: dict[str, tuple[int, int]]
+    carried_tokens: int = 0
+    """Tokens the window before used past its tpm, counted in ``tokens``."""
+    estimate: float | None = None
 
 
 class AdmissionStore(Protocol):
     async def acquire(
-        self, model_group: str, limits: AdmissionLimits, cost_tokens: int, window_ms: int
-    ) -> AcquireResult: ...
+        self,
+        model_group: str,
+        limits: AdmissionLimits,
+        cost: RequestCost | int,
+        window_ms: int,
+        *,
+        settles: SettleBatch | None = None,
+        quantile: float = DEFAULT_QUANTILE,
+    ) -> AcquireResult:
+        """Apply ``settles``, then decide and (if admitted) reserve one request; ``cost`` as an int is
+        a fixed reservation."""
 
-    async def settle(
-        self, model_group: str, pool: str, window_start_ms: int, token_delta: int, request_delta: int = 0
-    ) -> bool: ...
+    async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float = DEFAULT_QUANTILE) -> None:
+        """Apply ``settles`` of the model group without deciding anything."""
 
     async def admission_snapshot(self, model_group: str, window_ms: int) -> AdmissionSnapshot | None: ...
 
 
 def _linger_ms(window_ms: int) -> int:
-    # Keep an ended window readable a little (status, late settles are dropped anyway), never forever.
+    # Keep an ended window readable a little (status, the carry, late settles), never forever.
     return max(window_ms, 10_000)
 
 
-def _floor_args(limits: AdmissionLimits) -> list[object]:
-    out: list[object] = [len(limits.floors)]
-    for floor in limits.floors:
-        out.extend((floor.pool, repr(floor.requests), repr(floor.tokens)))
-    return out
+def _as_cost(cost: RequestCost | int) -> RequestCost:
+    return cost if isinstance(cost, RequestCost) else RequestCost(int(cost))
 
 
 def _opt(value: float | None) -> str:
     return "-1" if value is None else repr(float(value))
 
 
+def _batch_args(settles: SettleBatch | None) -> list[object]:
+    out: list[object] = []
+    items = list(settles.delta_items()) if settles else []
+    out.append(len(items))
+    for start, pool, tokens, requests in items:
+        out.extend((int(start), pool, int(tokens), int(requests)))
+    samples = settles.samples if settles else {}
+    out.append(len(samples))
+    for bucket, (count, total) in samples.items():
+        out.extend((int(bucket), int(count), int(total)))
+    return out
+
+
 class RedisAdmissionStore:
-    """Admission over Redis: ``admission_acquire.lua`` / ``admission_settle.lua``."""
+    """Admission over Redis: ``admission_acquire.lua``."""
 
     _runner: ScriptRunner
     _keys: KeySpace
 
+    def _admission_keys(self, model_group: str) -> list[str]:
+        return [self._keys.admission_window(model_group), self._keys.admission_estimate(model_group)]
+
     async def acquire(
-        self, model_group: str, limits: AdmissionLimits, cost_tokens: int, window_ms: int
+        self,
+        model_group: str,
+        limits: AdmissionLimits,
+        cost: RequestCost | int,
+        window_ms: int,
+        *,
+        settles: SettleBatch | None = None,
+        quantile: float = DEFAULT_QUANTILE,
     ) -> AcquireResult:
+        request = _as_cost(cost)
         args: list[object] = [
+            1,
             int(window_ms),
             -1 if limits.rpm is None else int(limits.rpm),
             -1 if limits.tpm is None else int(limits.tpm),
@@ -110,12 +157,20 @@ class RedisAdmissionStore:
             limits.pool,
             _opt(limits.pool_rpm),
             _opt(limits.pool_tpm),
-            int(cost_tokens),
+            int(request.fixed),
+            -1 if request.output_cap is None else int(request.output_cap),
+            int(request.prior),
+            repr(float(quantile)),
             _linger_ms(window_ms),
-            *_floor_args(limits),
+            ESTIMATE_TTL_MS,
+            DECAY_AT_SAMPLES,
+            len(limits.floors),
         ]
-        reply = await self._runner.run("admission_acquire", [self._keys.admission_window(model_group)], args)
-        admitted, reason, now, start, req, tok, preq, ptok, sat, strict, held_r, held_t = reply
+        for floor in limits.floors:
+            args.extend((floor.pool, repr(floor.requests), repr(floor.tokens)))
+        args.extend(_batch_args(settles))
+        reply = await self._runner.run("admission_acquire", self._admission_keys(model_group), args)
+        admitted, reason, now, start, req, tok, preq, ptok, sat, strict, held_r, held_t, spent, estimate = reply
         return AcquireResult(
             admitted=bool(int(admitted)),
             reason=RejectReason(int(reason)),
@@ -127,139 +182,109 @@ class RedisAdmissionStore:
             strict=bool(int(strict)),
             held_requests=float(held_r),
             held_tokens=float(held_t),
+            cost_tokens=int(spent),
+            estimate=float(estimate) if estimate not in (b"", "") else None,
         )
 
-    async def settle(
-        self, model_group: str, pool: str, window_start_ms: int, token_delta: int, request_delta: int = 0
-    ) -> bool:
-        if token_delta == 0 and request_delta == 0:
-            return True
-        reply = await self._runner.run(
-            "admission_settle",
-            [self._keys.admission_window(model_group)],
-            [int(window_start_ms), pool, int(token_delta), int(request_delta)],
-        )
-        return bool(int(reply))
+    async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float = DEFAULT_QUANTILE) -> None:
+        if not settles:
+            return
+        # Only ARGV[1], the quantile, the estimate's time-to-live and decay, and the batch are read.
+        args: list[object] = [0, 0, -1, -1, "0", "", "-1", "-1", 0, -1, 0, repr(float(quantile)), 0]
+        args.extend((ESTIMATE_TTL_MS, DECAY_AT_SAMPLES, 0, *_batch_args(settles)))
+        await self._runner.run("admission_acquire", self._admission_keys(model_group), args)
 
     async def admission_snapshot(self, model_group: str, window_ms: int) -> AdmissionSnapshot | None:
-        key = self._keys.admission_window(model_group)
+        window_key, estimate_key = self._admission_keys(model_group)
+
+        async def read(client: object) -> tuple[dict[bytes | str, bytes | str], bytes | str | None]:
+            raw = await client.hgetall(window_key)  # type: ignore[attr-defined]
+            estimate = await client.hget(estimate_key, "e")  # type: ignore[attr-defined]
+            return raw, estimate
+
         # Through the runner: the same connection gate, timeout, breaker and error mapping as the scripts.
-        raw = await self._runner.call("reading the admission window", lambda client: client.hgetall(key))
+        raw, estimate = await self._runner.call("reading the admission window", read)
         if not raw:
             return None
         values = {_text(k): int(_text(v)) for k, v in raw.items()}
-        return _snapshot(values, window_ms)
+        return _snapshot(values, window_ms, float(_text(estimate)) if estimate is not None else None)
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _snapshot(values: dict[str, int], window_ms: int) -> AdmissionSnapshot:
+def _snapshot(values: dict[str, int], window_ms: int, estimate: float | None) -> AdmissionSnapshot:
     pools: dict[str, tuple[int, int]] = {}
     for name, value in values.items():
         if name.startswith(("r:", "t:")):
             requests, tokens = pools.get(name[2:], (0, 0))
             pools[name[2:]] = (value, tokens) if name[0] == "r" else (requests, value)
     start = values.get("start", 0)
-    return AdmissionSnapshot(start, start + window_ms, values.get("r", 0), values.get("t", 0), pools)
-
-
-@dataclass(slots=True)
-class _MemoryWindow:
-    start_ms: int
-    counts: dict[str, int] = field(default_factory=dict)
+    return AdmissionSnapshot(
+        start, start + window_ms, values.get("r", 0), values.get("t", 0), pools, values.get("c", 0), estimate
+    )
 
 
 class MemoryAdmissionStore:
-    """Admission in process memory: same semantics, :func:`decide` itself, one lock.
+    """Admission in process memory: the :class:`AdmissionLedger` itself, under one lock.
 
     The lock makes each operation atomic across threads as well as tasks (nothing awaits inside).
     """
 
     _clock: Callable[[], float]
     _lock: threading.Lock
-    _admission_windows: dict[str, _MemoryWindow]
+    _ledger: AdmissionLedger
 
     def _init_admission(self) -> None:
-        self._admission_windows = {}
+        self._ledger = AdmissionLedger()
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
     async def acquire(
-        self, model_group: str, limits: AdmissionLimits, cost_tokens: int, window_ms: int
+        self,
+        model_group: str,
+        limits: AdmissionLimits,
+        cost: RequestCost | int,
+        window_ms: int,
+        *,
+        settles: SettleBatch | None = None,
+        quantile: float = DEFAULT_QUANTILE,
     ) -> AcquireResult:
         with self._lock:
             now = self._now_ms()
-            window = self._admission_windows.get(model_group)
-            if window is None or now >= window.start_ms + window_ms:
-                window = _MemoryWindow(now)
-                self._admission_windows[model_group] = window
-            self._evict_ended_admission_windows(now, window_ms)
-            counts = window.counts
-            pool = limits.pool
-            counters = WindowCounters(
-                counts.get("r", 0),
-                counts.get("t", 0),
-                counts.get("r:" + pool, 0),
-                counts.get("t:" + pool, 0),
-                {f.pool: (counts.get("r:" + f.pool, 0), counts.get("t:" + f.pool, 0)) for f in limits.floors},
+            if len(self._ledger.windows) > 64:
+                # Bounded memory: model groups come from the router's configuration, but a removed one
+                # must not stay forever.
+                self._ledger.forget_ended(now, window_ms)
+            result = self._ledger.acquire(
+                model_group, limits, _as_cost(cost), now_ms=now, window_ms=window_ms, batch=settles, quantile=quantile
             )
-            decision = decide(counters, limits, cost_tokens)
-            if decision.admitted:
-                for name, delta in (
-                    ("r", 1),
-                    ("r:" + pool, 1),
-                    ("t", cost_tokens),
-                    ("t:" + pool, cost_tokens),
-                ):
-                    counts[name] = counts.get(name, 0) + delta
-                counters = WindowCounters(
-                    counts["r"], counts["t"], counts["r:" + pool], counts["t:" + pool], counters.other_pools
-                )
-            held_r, held_t = protected_room(limits, counters)
+            held_r, held_t = protected_room(limits, result.counters)
             return AcquireResult(
-                admitted=decision.admitted,
-                reason=decision.reason,
+                admitted=result.decision.admitted,
+                reason=result.decision.reason,
                 now_ms=now,
-                window_start_ms=window.start_ms,
-                window_end_ms=window.start_ms + window_ms,
-                counters=counters,
-                saturation=decision.saturation,
-                strict=decision.strict,
+                window_start_ms=result.window.start_ms,
+                window_end_ms=result.window.start_ms + window_ms,
+                counters=result.counters,
+                saturation=result.decision.saturation,
+                strict=result.decision.strict,
                 held_requests=held_r,
                 held_tokens=held_t,
+                cost_tokens=result.cost_tokens,
+                estimate=result.estimate,
             )
 
-    def _evict_ended_admission_windows(self, now_ms: int, window_ms: int) -> None:
-        # Bounded memory: model groups come from the router's configuration, but drop ended windows
-        # anyway so a removed model group does not stay forever.
-        if len(self._admission_windows) <= 64:
-            return
-        for name in [n for n, w in self._admission_windows.items() if now_ms >= w.start_ms + 2 * window_ms]:
-            del self._admission_windows[name]
-
-    async def settle(
-        self, model_group: str, pool: str, window_start_ms: int, token_delta: int, request_delta: int = 0
-    ) -> bool:
+    async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float = DEFAULT_QUANTILE) -> None:
         with self._lock:
-            window = self._admission_windows.get(model_group)
-            if window is None or window.start_ms != window_start_ms:
-                return False
-            for name, delta in (
-                ("t", token_delta),
-                ("t:" + pool, token_delta),
-                ("r", request_delta),
-                ("r:" + pool, request_delta),
-            ):
-                if delta:
-                    window.counts[name] = max(0, window.counts.get(name, 0) + delta)
-            return True
+            self._ledger.apply(model_group, settles, quantile)
 
     async def admission_snapshot(self, model_group: str, window_ms: int) -> AdmissionSnapshot | None:
         with self._lock:
-            window = self._admission_windows.get(model_group)
+            window = self._ledger.windows.get(model_group)
             if window is None or self._now_ms() >= window.start_ms + window_ms + _linger_ms(window_ms):
                 return None
-            return _snapshot({"start": window.start_ms, **window.counts}, window_ms)
+            values = {"start": window.start_ms, "c": window.carry, **window.counts}
+            return _snapshot(values, window_ms, self._ledger.estimate(model_group))

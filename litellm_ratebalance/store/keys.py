@@ -70,6 +70,10 @@ class KeySpace:
         """Hash holding the current admission window of one model group (one key, one slot)."""
         return f"{self.prefix}:{{adm:{escape_name(model_group)}}}:window"
 
+    def admission_estimate(self, model_group: str) -> str:
+        """Hash holding the learned output estimate of one model group (same slot as its window)."""
+        return f"{self.prefix}:{{adm:{escape_name(model_group)}}}:estimate"
+
     # -- routing statistics -------------------------------------------------------------------------
     def routing_tag(self, model_group: str) -> str:
         """Hash tag shared by every routing-statistics key of one model group."""

@@ -56,8 +56,11 @@ async def call(limiter: PriorityRateLimiter, data: dict[str, Any], who: UserAPIK
     return None
 
 
-async def finish(limiter: PriorityRateLimiter, data: dict[str, Any], total_tokens: int) -> None:
-    """Report a successful call that used ``total_tokens`` (as LiteLLM's success logging does)."""
+async def finish(
+    limiter: PriorityRateLimiter, data: dict[str, Any], total_tokens: int, *, flush: bool = True
+) -> None:
+    """Report a successful call that used ``total_tokens`` (as LiteLLM's success logging does); ``flush``
+    sends the correction at once instead of with the next admission (or the flush timer)."""
     kwargs = {
         "litellm_params": {"metadata": data.get("metadata", {})},
         "standard_logging_object": {
@@ -67,3 +70,5 @@ async def finish(limiter: PriorityRateLimiter, data: dict[str, Any], total_token
         },
     }
     await limiter.async_log_success_event(kwargs, None, None, None)
+    if flush:
+        await limiter.flush_settles()

@@ -11,6 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import MaxConnectionsError
 
+from litellm_ratebalance.admission.estimate import SettleBatch
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.proxy.runtime import warn_if_evictable
 from litellm_ratebalance.store import KeySpace, RedisStore
@@ -105,7 +106,7 @@ class FakeClient:
 async def test_a_burst_past_the_pool_waits_for_a_connection_instead_of_failing() -> None:
     client = FakeClient(max_connections=5)
     runner = ScriptRunner(client, timeout_seconds=5.0, max_in_flight=500)
-    replies = await asyncio.gather(*(runner.run("admission_settle", ["k"], []) for _ in range(60)))
+    replies = await asyncio.gather(*(runner.run("contract_settle", ["k"], []) for _ in range(60)))
     assert replies == [1] * 60
     assert client.peak == 5 and runner.max_in_flight == 5  # gated to the pool, not to the setting (500)
 
@@ -113,31 +114,31 @@ async def test_a_burst_past_the_pool_waits_for_a_connection_instead_of_failing()
 async def test_the_setting_caps_calls_in_flight_below_a_larger_pool() -> None:
     client = FakeClient(max_connections=1000)
     runner = ScriptRunner(client, timeout_seconds=5.0, max_in_flight=3)
-    await asyncio.gather(*(runner.run("admission_settle", ["k"], []) for _ in range(20)))
+    await asyncio.gather(*(runner.run("contract_settle", ["k"], []) for _ in range(20)))
     assert client.peak == 3
 
 
 async def test_no_free_slot_in_time_fails_that_call_only_and_leaves_the_breaker_closed() -> None:
     client = FakeClient(max_connections=1)
     runner = ScriptRunner(client, timeout_seconds=0.1, cooldown_seconds=60.0)
-    assert await runner.run("admission_settle", ["k"], []) == 1
+    assert await runner.run("contract_settle", ["k"], []) == 1
     gate = runner._loop_state(client).gate
     await gate.acquire()  # another call holds the only slot past the timeout
     with pytest.raises(StoreError, match=r"no free Redis connection within 0\.1s"):
-        await runner.run("admission_settle", ["k"], [])
+        await runner.run("contract_settle", ["k"], [])
     gate.release()
-    assert await runner.run("admission_settle", ["k"], []) == 1  # not skipped: waiting is no Redis fault
+    assert await runner.run("contract_settle", ["k"], []) == 1  # not skipped: waiting is no Redis fault
 
 
 async def test_an_unexpected_client_error_becomes_a_store_error() -> None:
     client = FakeClient(max_connections=5, error=AttributeError("'NoneType' object has no attribute 'writelines'"))
     runner = ScriptRunner(client, timeout_seconds=1.0, cooldown_seconds=60.0)
     with pytest.raises(StoreError, match="AttributeError") as raised:
-        await runner.run("admission_settle", ["k"], [])
+        await runner.run("contract_settle", ["k"], [])
     assert isinstance(raised.value.__cause__, AttributeError)
     client.error = None
     with pytest.raises(StoreError, match="skipped"):  # a fault: the breaker is open
-        await runner.run("admission_settle", ["k"], [])
+        await runner.run("contract_settle", ["k"], [])
 
 
 async def test_a_failing_client_factory_becomes_a_store_error() -> None:
@@ -145,7 +146,7 @@ async def test_a_failing_client_factory_becomes_a_store_error() -> None:
         raise RuntimeError("redis://:hunter2@cache:6379 is not reachable")
 
     with pytest.raises(StoreError) as raised:
-        await ScriptRunner(factory).run("admission_settle", ["k"], [])
+        await ScriptRunner(factory).run("contract_settle", ["k"], [])
     assert "hunter2" not in str(raised.value) and "RuntimeError" in str(raised.value)
 
 
@@ -154,7 +155,9 @@ async def test_a_plain_pool_of_the_real_redis_is_gated_too(redis_server: RedisSe
     client = aioredis.Redis.from_url(redis_server.url, max_connections=4)
     try:
         store = RedisStore(client, KeySpace("rbgate"), timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
-        replies = await asyncio.gather(*(store.settle("m", "d", 0, 1) for _ in range(100)))
-        assert replies == [False] * 100  # every call ran (no window: nothing to settle), none failed
+        batch = SettleBatch()
+        batch.add(0, "d", 1)
+        replies = await asyncio.gather(*(store.flush("m", batch) for _ in range(100)))
+        assert replies == [None] * 100  # every call ran (no window: nothing to settle), none failed
     finally:
         await client.aclose()

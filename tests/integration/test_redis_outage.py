@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from fastapi import HTTPException
 
+from litellm_ratebalance.admission.estimate import SettleBatch
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.proxy.limiter import TICKET_KEY, PriorityRateLimiter
 from litellm_ratebalance.proxy.runtime import Runtime
@@ -303,10 +304,13 @@ async def test_after_a_restart_stale_pooled_connections_fail_once_together(own_r
     limiter = outage_limiter(own_redis, make_router(rpm=100_000, tpm=10_000_000), "open")
     store = store_of(limiter)
 
+    stale = SettleBatch()
+    stale.add(0, "default", 1)
+
     async def burst(count: int) -> Counter[str]:
         async def one() -> str:
             try:
-                await store.settle("m", "default", 0, 1)  # one script call (a stale window: a no-op)
+                await store.flush("m", stale)  # one script call (a stale window: a no-op)
             except StoreError:
                 return "error"
             return "ok"

@@ -1,49 +1,183 @@
--- admission_acquire: decide one request and, if admitted, reserve it, atomically.
--- Mirrors litellm_ratebalance.admission.policy.decide (see its module docstring for the rules).
+-- admission_acquire: apply pending settles of a model group and, unless only flushing, decide one request
+-- and reserve it if admitted, atomically. Mirrors litellm_ratebalance.admission.ledger (settles, carry,
+-- roll-over), .estimate (the learned output estimate) and .policy.decide (the decision); see their module
+-- docstrings for the rules.
 --
--- Clock: Redis server TIME (milliseconds); the caller's clock is never used.
--- KEYS[1]  hash of the model group's current window. Fields: start (ms), r / t (model requests /
---          tokens), r:<pool> / t:<pool> (per pool). Rolled over (deleted and restarted) when
+-- Clock: Redis server TIME (milliseconds), read only when deciding; the caller's clock is never used.
+-- KEYS[1]  hash of the model group's current window. Fields: start (ms), r / t (model requests / tokens),
+--          r:<pool> / t:<pool> (per pool), c (tokens carried from the previous window, included in t),
+--          ps / pt / pl (previous window's start, final tokens, tpm or -1). Restarted when
 --          now >= start + window.
--- ARGV[1]  window length, ms
--- ARGV[2]  model rpm, or -1 when not configured
--- ARGV[3]  model tpm, or -1 when not configured
--- ARGV[4]  saturation threshold (0..1)
--- ARGV[5]  pool field of this request
--- ARGV[6]  pool strict-mode request cap, or -1 for none
--- ARGV[7]  pool strict-mode token cap, or -1 for none
--- ARGV[8]  tokens to reserve (estimate of the request's cost)
--- ARGV[9]  key time-to-live after the window ends, ms
--- ARGV[10] n, the number of floors that follow
--- ARGV[11..] n triples: other pool field, floor requests, floor tokens
--- Returns  {admitted 0|1, reason 0..4, now_ms, window_start_ms, requests, tokens, pool_requests,
---           pool_tokens, saturation (string), strict 0|1, held_requests (string), held_tokens (string)}
---          counters are after the reservation when admitted, and the values decided on when refused.
+-- KEYS[2]  hash of the model group's learned output estimate (same hash tag). Fields: c<b> / s<b> (count /
+--          sum of the samples in bucket b), n (count of all samples), e (the current estimate).
+-- ARGV[1]  1: decide a request; 0: apply the settles only (ARGV[2..11] and ARGV[13] are then unused)
+-- ARGV[2]  window length, ms
+-- ARGV[3]  model rpm, or -1 when not configured
+-- ARGV[4]  model tpm, or -1 when not configured
+-- ARGV[5]  saturation threshold (0..1)
+-- ARGV[6]  pool field of this request
+-- ARGV[7]  pool strict-mode request cap, or -1 for none
+-- ARGV[8]  pool strict-mode token cap, or -1 for none
+-- ARGV[9]  fixed tokens of the request (counted before the call)
+-- ARGV[10] output cap: the request reserves min(cap, estimate) output tokens more; -1: none
+-- ARGV[11] prior: output tokens assumed before any sample
+-- ARGV[12] quantile of the estimate (0..1)
+-- ARGV[13] window key time-to-live after the window ends, ms
+-- ARGV[14] estimate key time-to-live, ms (from the last sample)
+-- ARGV[15] samples at which the histogram halves
+-- ARGV[16] f, the number of floors, then f triples: other pool field, floor requests, floor tokens
+-- then     s, the number of settles, then s quadruples: window start (ms), pool field, token delta,
+--          request delta
+-- then     k, the number of sample buckets, then k triples: bucket, count, sum of samples
+-- Returns  when deciding: {admitted 0|1, reason 0..4, now_ms, window_start_ms, requests, tokens,
+--          pool_requests, pool_tokens, saturation (string), strict 0|1, held_requests (string),
+--          held_tokens (string), cost tokens, estimate (string, "" before any sample)}; counters are after
+--          the reservation when admitted, and the values decided on when refused.
+--          When only applying settles: {1}.
 
-local key = KEYS[1]
-local window = tonumber(ARGV[1])
-local rpm = tonumber(ARGV[2])
-local tpm = tonumber(ARGV[3])
-local threshold = tonumber(ARGV[4])
-local pool = ARGV[5]
-local pool_rpm = tonumber(ARGV[6])
-local pool_tpm = tonumber(ARGV[7])
-local cost = tonumber(ARGV[8])
-local linger = tonumber(ARGV[9])
-local n_floors = tonumber(ARGV[10])
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-local start = tonumber(redis.call('HGET', key, 'start'))
-if (not start) or now >= start + window then
-  redis.call('DEL', key)
-  start = now
-  redis.call('HSET', key, 'start', start)
-end
+local wkey, ekey = KEYS[1], KEYS[2]
+local deciding = ARGV[1] == '1'
+local window = tonumber(ARGV[2])
+local rpm = tonumber(ARGV[3])
+local tpm = tonumber(ARGV[4])
+local threshold = tonumber(ARGV[5])
+local pool = ARGV[6]
+local pool_rpm = tonumber(ARGV[7])
+local pool_tpm = tonumber(ARGV[8])
+local fixed = tonumber(ARGV[9])
+local output_cap = tonumber(ARGV[10])
+local prior = tonumber(ARGV[11])
+local quantile = tonumber(ARGV[12])
+local linger = tonumber(ARGV[13])
+local estimate_ttl = tonumber(ARGV[14])
+local decay_at = tonumber(ARGV[15])
+local n_floors = tonumber(ARGV[16])
+local at = 17 + 3 * n_floors
 
 local function num(v) return tonumber(v) or 0 end
-local vals = redis.call('HMGET', key, 'r', 't', 'r:' .. pool, 't:' .. pool)
+
+-- adds delta to an integer counter, never below zero
+local function add(field, delta)
+  if delta == 0 then return end
+  local v = redis.call('HINCRBY', wkey, field, delta)
+  if v < 0 then redis.call('HSET', wkey, field, 0) end
+end
+
+-- 1. settles, per window they were reserved in
+local n_settles = tonumber(ARGV[at])
+if n_settles > 0 then
+  local cur = redis.call('HMGET', wkey, 'start', 'ps', 'pt', 'pl', 'c')
+  local start = cur[1]
+  if start then
+    local prev_start, prev_tokens, prev_tpm, carry = cur[2], num(cur[3]), num(cur[4]), num(cur[5])
+    local prev_moved = false
+    for i = 0, n_settles - 1 do
+      local base = at + 1 + i * 4
+      local s, p, dt, dr = ARGV[base], ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+      if s == start then
+        add('t', dt)
+        add('t:' .. p, dt)
+        add('r', dr)
+        add('r:' .. p, dr)
+      elseif s == prev_start then
+        prev_tokens = prev_tokens + dt
+        prev_moved = true
+      elseif dt > 0 then
+        add('t', dt)
+      end
+    end
+    if prev_moved then
+      local new_carry = 0
+      if prev_tpm >= 0 then new_carry = math.max(0, prev_tokens - prev_tpm) end
+      add('t', new_carry - carry)
+      redis.call('HSET', wkey, 'pt', prev_tokens, 'c', new_carry)
+    end
+  end
+end
+at = at + 1 + 4 * n_settles
+
+-- samples: histogram, decay, estimate
+local n_buckets = tonumber(ARGV[at])
+if n_buckets > 0 then
+  local total = num(redis.call('HGET', ekey, 'n'))
+  for i = 0, n_buckets - 1 do
+    local base = at + 1 + i * 3
+    local b = ARGV[base]
+    redis.call('HINCRBYFLOAT', ekey, 'c' .. b, ARGV[base + 1])
+    redis.call('HINCRBYFLOAT', ekey, 's' .. b, ARGV[base + 2])
+    total = total + tonumber(ARGV[base + 1])
+  end
+  local flat = redis.call('HGETALL', ekey)
+  local counts, sums, buckets = {}, {}, {}
+  for i = 1, #flat, 2 do
+    local name, value = flat[i], flat[i + 1]
+    local kind, b = string.sub(name, 1, 1), tonumber(string.sub(name, 2))
+    if b and kind == 'c' then
+      counts[b] = tonumber(value)
+      buckets[#buckets + 1] = b
+    elseif b and kind == 's' then
+      sums[b] = tonumber(value)
+    end
+  end
+  if total >= decay_at then
+    total = total / 2
+    for _, b in ipairs(buckets) do
+      counts[b] = counts[b] / 2
+      sums[b] = sums[b] / 2
+      redis.call('HSET', ekey, 'c' .. b, string.format('%.17g', counts[b]), 's' .. b, string.format('%.17g', sums[b]))
+    end
+  end
+  table.sort(buckets)
+  local all = 0
+  for _, b in ipairs(buckets) do all = all + counts[b] end
+  local target = quantile * all
+  local cumulative, chosen = 0, 0
+  for _, b in ipairs(buckets) do
+    if counts[b] > 0 then
+      cumulative = cumulative + counts[b]
+      chosen = sums[b] / counts[b]
+      if cumulative >= target then break end
+    end
+  end
+  redis.call('HSET', ekey, 'n', string.format('%.17g', total), 'e', string.format('%.17g', chosen))
+  redis.call('PEXPIRE', ekey, estimate_ttl)
+end
+
+if not deciding then
+  return {1}
+end
+
+-- 2. roll over
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local start = tonumber(redis.call('HGET', wkey, 'start'))
+if (not start) or now >= start + window then
+  if start then
+    local ended_tokens = num(redis.call('HGET', wkey, 't'))
+    local carry, prev_tpm = 0, -1
+    if now < start + 2 * window and tpm >= 0 then
+      carry = math.max(0, ended_tokens - tpm)
+      prev_tpm = tpm
+    end
+    redis.call('DEL', wkey)
+    redis.call('HSET', wkey, 'start', now, 'c', carry, 'ps', start, 'pt', ended_tokens, 'pl', prev_tpm)
+    if carry > 0 then redis.call('HSET', wkey, 't', carry) end
+  else
+    redis.call('HSET', wkey, 'start', now)
+  end
+  start = now
+end
+
+-- 3. decide
+local estimate = redis.call('HGET', ekey, 'e')
+local cost = fixed
+if output_cap >= 0 then
+  local expected = prior
+  if estimate then expected = tonumber(estimate) end
+  cost = cost + math.min(output_cap, math.floor(expected + 0.5))
+end
+
+local vals = redis.call('HMGET', wkey, 'r', 't', 'r:' .. pool, 't:' .. pool)
 local req, tok, preq, ptok = num(vals[1]), num(vals[2]), num(vals[3]), num(vals[4])
 
 local function fits(used, need, limit)
@@ -58,10 +192,10 @@ local strict = sat >= threshold
 
 local held_r, held_t = 0, 0
 for i = 0, n_floors - 1 do
-  local base = 11 + i * 3
+  local base = 17 + i * 3
   local other = ARGV[base]
   local fr, ft = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-  local ov = redis.call('HMGET', key, 'r:' .. other, 't:' .. other)
+  local ov = redis.call('HMGET', wkey, 'r:' .. other, 't:' .. other)
   held_r = held_r + math.max(0, fr - num(ov[1]))
   held_t = held_t + math.max(0, ft - num(ov[2]))
 end
@@ -78,12 +212,12 @@ elseif strict and pool_tpm >= 0 and not fits(ptok, cost, pool_tpm) then
 end
 
 if reason == 0 then
-  req = redis.call('HINCRBY', key, 'r', 1)
-  preq = redis.call('HINCRBY', key, 'r:' .. pool, 1)
-  tok = redis.call('HINCRBY', key, 't', cost)
-  ptok = redis.call('HINCRBY', key, 't:' .. pool, cost)
+  req = redis.call('HINCRBY', wkey, 'r', 1)
+  preq = redis.call('HINCRBY', wkey, 'r:' .. pool, 1)
+  tok = redis.call('HINCRBY', wkey, 't', cost)
+  ptok = redis.call('HINCRBY', wkey, 't:' .. pool, cost)
 end
-redis.call('PEXPIREAT', key, start + window + linger)
+redis.call('PEXPIREAT', wkey, start + window + linger)
 
 return {reason == 0 and 1 or 0, reason, now, start, req, tok, preq, ptok, tostring(sat),
-        strict and 1 or 0, tostring(held_r), tostring(held_t)}
+        strict and 1 or 0, tostring(held_r), tostring(held_t), cost, estimate or ''}
