@@ -56,9 +56,7 @@ async def call(limiter: PriorityRateLimiter, data: dict[str, Any], who: UserAPIK
     return None
 
 
-async def finish(
-    limiter: PriorityRateLimiter, data: dict[str, Any], total_tokens: int, *, flush: bool = True
-) -> None:
+async def finish(limiter: PriorityRateLimiter, data: dict[str, Any], total_tokens: int, *, flush: bool = True) -> None:
     """Report a successful call that used ``total_tokens`` (as LiteLLM's success logging does); ``flush``
     sends the correction at once instead of with the next admission (or the flush timer)."""
     kwargs = {

@@ -185,7 +185,7 @@ async def test_script_keeps_the_same_ledger_as_the_embedded_store(
     memory_store = MemoryStore(KeySpace("rbdiff"))
     starts: dict[str, int] = {}
     for step in sequence:
-        seen = []
+        seen: list[tuple[object, ...] | None] = []
         for name, store in (("memory", memory_store), ("redis", redis_store)):
             start = starts.get(name, 0)
             batch = _batch(step, start) if start else SettleBatch()
@@ -205,16 +205,14 @@ async def test_script_keeps_the_same_ledger_as_the_embedded_store(
             result = await store.acquire("m", lim, cost, 60_000, settles=batch, quantile=quantile)
             starts[name] = result.window_start_ms
             counts = result.counters
-            seen.append(
-                (result.admitted, result.reason, result.strict, result.cost_tokens, result.estimate)
-                + (counts.requests, counts.tokens, counts.pool_requests, counts.pool_tokens)
-            )
+            decision = (result.admitted, result.reason, result.strict, result.cost_tokens, result.estimate)
+            seen.append((*decision, counts.requests, counts.tokens, counts.pool_requests, counts.pool_tokens))
         assert seen[0] == seen[1], step
-    snapshots = [await s.admission_snapshot("m", 60_000) for s in (memory_store, redis_store)]
-    if snapshots[0] is None or snapshots[1] is None:
-        assert snapshots[0] is snapshots[1] is None
+    memory_view = await memory_store.admission_snapshot("m", 60_000)
+    redis_view = await redis_store.admission_snapshot("m", 60_000)
+    if memory_view is None or redis_view is None:
+        assert memory_view is redis_view is None
         return
-    memory_view, redis_view = snapshots
     assert (memory_view.requests, memory_view.tokens, memory_view.carried_tokens, memory_view.estimate) == (
         redis_view.requests,
         redis_view.tokens,
