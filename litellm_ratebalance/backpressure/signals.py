@@ -13,7 +13,9 @@
 
 Degradation: an endpoint that cannot be scraped, or NVML that cannot be loaded, logs one warning line (per
 deployment, until it recovers, which logs one info line) and the deployment runs on its other signals; a
-scrape older than ``stale_after`` counts as absent.
+scrape older than ``stale_after`` counts as absent. An endpoint warns only once it failed
+:data:`SCRAPE_FAILURES_BEFORE_WARNING` scrapes in a row: a single failure, typically the first scrape timing
+out while the proxy's event loop is busy with its first requests, is retried at the next interval silently.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 __all__ = [
+    "SCRAPE_FAILURES_BEFORE_WARNING",
     "Fetcher",
     "GpuProbe",
     "GpuSample",
@@ -195,11 +198,19 @@ def server_signals(
     return signals
 
 
+SCRAPE_FAILURES_BEFORE_WARNING = 2
+"""Consecutive failed scrapes of one endpoint before it is reported. The first scrape starts with the first
+request, while the proxy's event loop is busy with that request's one-off work (LiteLLM's lazy imports, the
+tokenizer's load); a loop held past the scrape timeout fails the scrape (``ConnectTimeout``) though the server
+is up. Until the last good reading goes stale a failure changes no decision, so one is not worth a warning."""
+
+
 @dataclass(slots=True)
 class _Scrape:
     at: float | None = None
     metrics: ServerMetrics | None = None
-    failing: bool = False
+    failures: int = 0
+    """Failed scrapes since the last good one."""
 
 
 class SignalBoard:
@@ -219,25 +230,27 @@ class SignalBoard:
     async def scrape(
         self, deployment_id: str, url: str, server: ServerKind, timeout: float, now: float
     ) -> ServerMetrics | None:
-        """Fetch and parse one deployment's endpoint; keep the result; log transitions once."""
+        """Fetch and parse one deployment's endpoint; keep the result; log transitions once (a failure when it
+        reaches :data:`SCRAPE_FAILURES_BEFORE_WARNING` in a row, the recovery only after such a warning)."""
         state = self._scrapes.setdefault(deployment_id, _Scrape())
         try:
             metrics = parse_metrics(await self._fetch(url, timeout), server)
         except Exception as exc:
-            if not state.failing:
-                state.failing = True
+            state.failures += 1
+            if state.failures == SCRAPE_FAILURES_BEFORE_WARNING:
                 logger.warning(
-                    "litellm_ratebalance backpressure: cannot scrape %s for deployment %s (%s: %s); it runs on its "
-                    "other signals until the endpoint answers",
+                    "litellm_ratebalance backpressure: cannot scrape %s for deployment %s (%d attempts in a row, the "
+                    "last %s: %s); it runs on its other signals until the endpoint answers",
                     url,
                     deployment_id,
+                    state.failures,
                     type(exc).__name__,
                     exc,
                 )
             return None
-        if state.failing:
-            state.failing = False
+        if state.failures >= SCRAPE_FAILURES_BEFORE_WARNING:
             logger.info("litellm_ratebalance backpressure: metrics of deployment %s are back (%s)", deployment_id, url)
+        state.failures = 0
         state.at, state.metrics = now, metrics
         return metrics
 
@@ -262,7 +275,8 @@ class SignalBoard:
 
     def is_failing(self, deployment_id: str) -> bool:
         state = self._scrapes.get(deployment_id)
-        return state is not None and state.failing
+        """Whether the last scrape of this deployment failed (reported or not yet)."""
+        return state is not None and state.failures > 0
 
 
 def httpx_fetcher() -> Fetcher:

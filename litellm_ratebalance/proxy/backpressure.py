@@ -31,6 +31,8 @@ Errors clients see: 503 (shed: ``memory_pressure``, ``compute_saturation``, ``qu
 (``concurrency_limit``), with ``retry-after`` from the drain rate, ``x-litellm-backpressure-reason`` and
 ``x-litellm-backpressure-advice`` (``retry`` | ``reroute``). Nothing else our hooks hit reaches a client:
 every other failure is logged and the request passes (store faults follow ``ratebalance.fail_mode``).
+LiteLLM's own log line for each refusal (an ERROR, with a traceback for a 503) is replaced by one WARNING
+per reason per :data:`REFUSAL_LOG_INTERVAL_SECONDS` (:func:`quiet_refusal_logs`); the metric counts them all.
 
 Identity: the priority and fairness key come from the ``UserAPIKeyAuth`` the proxy puts in the request
 metadata (``metadata.user_api_key_auth``, resolved like the limiter: team metadata, then key metadata),
@@ -229,6 +231,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         # Settings are read lazily (LiteLLM builds this before the rest of the config is applied), so this only
         # schedules the check; it does nothing outside the proxy. This instance may be the only one of ours.
         schedule_startup_check(model_list_check=startup_model_info_problems)
+        quiet_refusal_logs()
 
     # -- context --------------------------------------------------------------------------------------------
     def _context(self) -> _Context | None:
@@ -1055,6 +1058,81 @@ def _is_drop(exception: Any) -> bool:
     if status is not None:
         return status >= 500 or status in (408, 429)
     return isinstance(exception, (TimeoutError, asyncio.TimeoutError, ConnectionError))
+
+
+# -- how refusals are logged -------------------------------------------------------------------------------
+REFUSAL_LOG_INTERVAL_SECONDS = 30.0
+"""At most one WARNING per refusal reason per this many seconds; every refusal is counted in the
+``backpressure_refusals`` metric whether it is logged or not."""
+_LITELLM_LOGGERS = ("LiteLLM Proxy", "LiteLLM Router")
+"""``litellm._logging.verbose_proxy_logger`` and ``verbose_router_logger``, by name: the proxy logs every
+failed request on the first, with a traceback for a 5xx, so each 503 refusal would otherwise be an ERROR and
+~50 lines of traceback. Checked by tests/integration/test_backpressure_log_noise.py (the names) and
+tests/e2e/test_backpressure_logs_e2e.py (the proxy's output)."""
+
+
+class _RefusalLogFilter(logging.Filter):
+    """Turns LiteLLM's report of a refusal of ours into one WARNING per reason per interval.
+
+    A record on a LiteLLM logger whose exception (``exc_info``, or an argument of the message) carries our
+    mark is dropped. For the first such record of a reason in ``interval`` seconds, one WARNING without
+    traceback is logged on this package's logger instead: the refusal's message, and how many refusals of
+    that reason went unlogged since the previous warning. Other records pass unchanged. A refusal is the
+    designed answer to overload (its status, reason and advice reach the client), not an error of the
+    proxy; a fault of ours is never marked and keeps LiteLLM's ERROR.
+    """
+
+    def __init__(self, interval: float, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self._interval = interval
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        refusal = _marked_exception(record)
+        if refusal is None:
+            return True
+        reason = str(getattr(refusal, _MARK))
+        now = self._clock()
+        last = self._last.get(reason)
+        if last is not None and now - last < self._interval:
+            self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
+            return False
+        self._last[reason] = now
+        unlogged = self._unlogged.pop(reason, 0)
+        detail = getattr(refusal, "detail", None)
+        message = detail.get("error") if isinstance(detail, Mapping) else None
+        # The message names the component and the reason already ("litellm_ratebalance backpressure (<reason>): ...").
+        logger.warning(
+            "%s [answered %s; refusals are logged once per reason per %.0fs: %d more of this reason since the "
+            "last warning; all are counted in backpressure_refusals]",
+            message if isinstance(message, str) else refusal,
+            getattr(refusal, "status_code", None) or "with an error",
+            self._interval,
+            unlogged,
+        )
+        return False
+
+
+def _marked_exception(record: logging.LogRecord) -> BaseException | None:
+    candidates: list[object] = [record.exc_info[1]] if record.exc_info else []
+    if isinstance(record.args, tuple):
+        candidates.extend(record.args)
+    for candidate in candidates:
+        if isinstance(candidate, BaseException) and getattr(candidate, _MARK, None):
+            return candidate
+    return None
+
+
+_REFUSAL_LOG = _RefusalLogFilter(REFUSAL_LOG_INTERVAL_SECONDS)
+
+
+def quiet_refusal_logs() -> None:
+    """Install the refusal filter on LiteLLM's proxy and router loggers (idempotent; one filter, so one
+    interval per reason for the whole process)."""
+    for name in _LITELLM_LOGGERS:
+        logging.getLogger(name).addFilter(_REFUSAL_LOG)  # (addFilter ignores a filter already there)
 
 
 def startup_model_info_problems(model_list: Sequence[Mapping[str, Any]]) -> list[str]:
