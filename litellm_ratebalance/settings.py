@@ -64,14 +64,15 @@ class LimiterSettings(SettingsModel):
     window_seconds: Annotated[int, Field(ge=1, le=3600)] = 60
     output_estimate: Literal["learned", "max_tokens"] = "learned"
     """What a request reserves for its output before the call. ``learned``: the model group's learned
-    output size at ``output_estimate_quantile`` (``default_output_tokens`` until the first answer is
-    learned), at most the request's max_tokens; answers longer than that are paid for from the next
-    window. ``max_tokens``: the request's max_tokens (else ``default_output_tokens``), a strict cap that
-    refuses what long max_tokens values do not use."""
-    output_estimate_quantile: Fraction = 0.5
-    """Which quantile of the learned output sizes a request reserves: higher reserves more (fewer
-    answers outrun their reservation, less carried into the next window; more room idle while requests
-    are in flight), lower reserves less."""
+    output size (``default_output_tokens`` until the first answer is learned), at most the request's
+    max_tokens; what answers use past their reservations is paid for from the next window.
+    ``max_tokens``: the request's max_tokens (else ``default_output_tokens``), a strict cap that refuses
+    what long max_tokens values leave unused."""
+    output_estimate_quantile: Fraction | None = None
+    """Unset: a request reserves the mean of the learned output sizes, so a window's corrections cancel out
+    on average and its tokens add up to the limit. A fraction: that quantile of them instead. Above the
+    mean (0.9, say) a window ends with room left idle, reserved for answers that came out shorter; below
+    it (0.5 for the usual skewed lengths) every window outruns its reservations and the next one pays."""
     default_output_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = 256
     """Output tokens reserved before anything is learned (``learned``), or for a request that sets neither
     max_tokens nor max_completion_tokens (``max_tokens``)."""

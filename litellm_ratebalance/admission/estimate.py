@@ -16,9 +16,13 @@ widths of about 19 %), each holding a count and the sum of its samples. Bounded 
 buckets cover 0 to 10^6 tokens. When the count reaches :data:`DECAY_AT_SAMPLES`, every count and sum is
 halved, so the histogram follows a model group whose answers change, over roughly that many requests.
 
-**Estimate.** The bucket where the cumulative count first reaches ``quantile x count``; the value is the
-mean of that bucket's samples (not a bucket edge), so a model that always answers the same length is
-estimated exactly. Before the first sample the prior (``limiter.default_output_tokens``) applies.
+**Estimate.** By default the mean of the samples: a window's corrections after the call then cancel out on
+average, so the tokens reserved before the calls add up to the tokens served (a quantile below the mean,
+the median of skewed answer lengths for one, makes every window outrun its reservations and pay for it in
+the next). With a ``quantile``: the bucket where the cumulative count first reaches ``quantile x count``,
+valued at the mean of that bucket's samples (not a bucket edge), so a model that always answers the same
+length is estimated exactly either way. Before the first sample the prior
+(``limiter.default_output_tokens``) applies.
 
 **Reservation** of one request: ``prompt + min(cap, estimate)``, where ``cap`` is its ``max_tokens`` /
 ``max_completion_tokens`` (or ``limiter.max_reserved_output_tokens`` when absent). See
@@ -59,11 +63,14 @@ def bucket_of(tokens: int) -> int:
     return int(math.log2(max(0, tokens) + 1) * BUCKETS_PER_OCTAVE)
 
 
-def estimate_from_histogram(histogram: Histogram, quantile: float) -> float | None:
-    """The learned estimate at ``quantile`` (0..1), or ``None`` before any sample (see module doc)."""
+def estimate_from_histogram(histogram: Histogram, quantile: float | None) -> float | None:
+    """The learned estimate: the mean when ``quantile`` is ``None``, else at ``quantile`` (0..1); ``None``
+    before any sample (see module doc)."""
     total = sum(count for count, _ in histogram.values())
     if total <= 0:
         return None
+    if quantile is None:
+        return sum(tokens for _, tokens in histogram.values()) / total
     target = quantile * total
     cumulative = 0.0
     chosen = 0.0

@@ -107,7 +107,7 @@ class AdmissionLedger:
         found = self._estimates.get(model_group)
         return None if found is None else found.value
 
-    def apply(self, model_group: str, batch: SettleBatch | None, quantile: float) -> None:
+    def apply(self, model_group: str, batch: SettleBatch | None, quantile: float | None) -> None:
         """Step 1 of the module doc: settles and samples, without rolling the window over."""
         if not batch:
             return
@@ -134,7 +134,7 @@ class AdmissionLedger:
         now_ms: int,
         window_ms: int,
         batch: SettleBatch | None = None,
-        quantile: float = 0.5,
+        quantile: float | None = None,
     ) -> LedgerResult:
         """Steps 1-3 of the module doc for one request."""
         self.apply(model_group, batch, quantile)

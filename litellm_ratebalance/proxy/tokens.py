@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -72,19 +73,27 @@ def prompt_tokens(model: str, data: Mapping[str, Any]) -> int:
     return count
 
 
+@functools.lru_cache(maxsize=256)
+def _tokenizer(model: str) -> Any:
+    """LiteLLM's tokenizer choice for a model name, looked up once per name (it costs as much as counting a
+    short prompt); bounded, since request model names are not all configured ones."""
+    from litellm.utils import select_tokenizer
+
+    return select_tokenizer(model)
+
+
 def _count_prompt_tokens(model: str, data: Mapping[str, Any]) -> int:
     import litellm
 
     try:
+        tokenizer = _tokenizer(model)
         messages = data.get("messages")
         if isinstance(messages, list):
-            return int(litellm.token_counter(model=model, messages=messages))
+            return int(litellm.token_counter(model=model, messages=messages, custom_tokenizer=tokenizer))
         for name in ("prompt", "input"):
             text = data.get(name)
-            if isinstance(text, str):
-                return int(litellm.token_counter(model=model, text=text))
-            if isinstance(text, list) and all(isinstance(item, str) for item in text):
-                return int(litellm.token_counter(model=model, text=text))
+            if isinstance(text, str) or (isinstance(text, list) and all(isinstance(item, str) for item in text)):
+                return int(litellm.token_counter(model=model, text=text, custom_tokenizer=tokenizer))
     except Exception as exc:  # an unusual payload must not fail the request; reserve output only
         logger.debug("litellm_ratebalance: token counting failed (%s); reserving output tokens only", exc)
     return 0

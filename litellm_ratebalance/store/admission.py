@@ -42,7 +42,8 @@ __all__ = [
     "RedisAdmissionStore",
 ]
 
-DEFAULT_QUANTILE = 0.5
+DEFAULT_QUANTILE = None
+"""The learned estimate is the mean of the answers unless a quantile is asked for."""
 ESTIMATE_TTL_MS = 24 * 3600 * 1000
 """A model group's learned estimate is forgotten a day after its last sample."""
 
@@ -91,12 +92,12 @@ class AdmissionStore(Protocol):
         window_ms: int,
         *,
         settles: SettleBatch | None = None,
-        quantile: float = DEFAULT_QUANTILE,
+        quantile: float | None = DEFAULT_QUANTILE,
     ) -> AcquireResult:
         """Apply ``settles``, then decide and (if admitted) reserve one request; ``cost`` as an int is
         a fixed reservation."""
 
-    async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float = DEFAULT_QUANTILE) -> None:
+    async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float | None = DEFAULT_QUANTILE) -> None:
         """Apply ``settles`` of the model group without deciding anything."""
 
     async def admission_snapshot(self, model_group: str, window_ms: int) -> AdmissionSnapshot | None: ...
@@ -115,17 +116,39 @@ def _opt(value: float | None) -> str:
     return "-1" if value is None else repr(float(value))
 
 
-def _batch_args(settles: SettleBatch | None) -> list[object]:
-    out: list[object] = []
-    items = list(settles.delta_items()) if settles else []
-    out.append(len(items))
-    for start, pool, tokens, requests in items:
-        out.extend((int(start), pool, int(tokens), int(requests)))
-    samples = settles.samples if settles else {}
-    out.append(len(samples))
-    for bucket, (count, total) in samples.items():
-        out.extend((int(bucket), int(count), int(total)))
-    return out
+def _settles_arg(settles: SettleBatch | None) -> str:
+    if not settles:
+        return ""
+    return " ".join(f"{start} {pool} {tokens} {requests}" for start, pool, tokens, requests in settles.delta_items())
+
+
+def _samples_arg(settles: SettleBatch | None) -> str:
+    if not settles:
+        return ""
+    return " ".join(f"{bucket} {count} {total}" for bucket, (count, total) in settles.samples.items())
+
+
+def _settings_arg(limits: AdmissionLimits | None, window_ms: int, prior: int, quantile: float | None) -> str:
+    """The script's ARGV[4]: what stays the same for every request of one pool under one configuration."""
+    if limits is None:  # applying settles only: the limits are not read
+        head = ["0", "-1", "-1", "0", "-", "-1", "-1"]
+        floors: list[str] = ["0"]
+    else:
+        head = [
+            str(int(window_ms)),
+            "-1" if limits.rpm is None else str(int(limits.rpm)),
+            "-1" if limits.tpm is None else str(int(limits.tpm)),
+            repr(float(limits.saturation_threshold)),
+            limits.pool,
+            _opt(limits.pool_rpm),
+            _opt(limits.pool_tpm),
+        ]
+        floors = [str(len(limits.floors))]
+        for floor in limits.floors:
+            floors.extend((floor.pool, repr(floor.requests), repr(floor.tokens)))
+    wire_quantile = "-1" if quantile is None else repr(float(quantile))  # -1: the mean
+    tail = [str(int(prior)), wire_quantile, str(_linger_ms(window_ms)), str(ESTIMATE_TTL_MS)]
+    return " ".join([*head, *tail, str(DECAY_AT_SAMPLES), *floors])
 
 
 class RedisAdmissionStore:
@@ -133,6 +156,7 @@ class RedisAdmissionStore:
 
     _runner: ScriptRunner
     _keys: KeySpace
+    _settings_args: dict[tuple[AdmissionLimits, int, int, float | None], str]
 
     def _admission_keys(self, model_group: str) -> list[str]:
         return [self._keys.admission_window(model_group), self._keys.admission_estimate(model_group)]
@@ -145,30 +169,23 @@ class RedisAdmissionStore:
         window_ms: int,
         *,
         settles: SettleBatch | None = None,
-        quantile: float = DEFAULT_QUANTILE,
+        quantile: float | None = DEFAULT_QUANTILE,
     ) -> AcquireResult:
         request = _as_cost(cost)
-        args: list[object] = [
+        key = (limits, window_ms, request.prior, quantile)
+        settings = self._settings_args.get(key)
+        if settings is None:
+            if len(self._settings_args) >= 1024:  # bounded: pools x capacities x settings in use
+                self._settings_args.clear()
+            settings = self._settings_args[key] = _settings_arg(limits, window_ms, request.prior, quantile)
+        args = [
             1,
-            int(window_ms),
-            -1 if limits.rpm is None else int(limits.rpm),
-            -1 if limits.tpm is None else int(limits.tpm),
-            repr(float(limits.saturation_threshold)),
-            limits.pool,
-            _opt(limits.pool_rpm),
-            _opt(limits.pool_tpm),
             int(request.fixed),
             -1 if request.output_cap is None else int(request.output_cap),
-            int(request.prior),
-            repr(float(quantile)),
-            _linger_ms(window_ms),
-            ESTIMATE_TTL_MS,
-            DECAY_AT_SAMPLES,
-            len(limits.floors),
+            settings,
+            _settles_arg(settles),
+            _samples_arg(settles),
         ]
-        for floor in limits.floors:
-            args.extend((floor.pool, repr(floor.requests), repr(floor.tokens)))
-        args.extend(_batch_args(settles))
         reply = await self._runner.run("admission_acquire", self._admission_keys(model_group), args)
         admitted, reason, now, start, req, tok, preq, ptok, sat, strict, held_r, held_t, spent, estimate = reply
         return AcquireResult(
@@ -186,12 +203,11 @@ class RedisAdmissionStore:
             estimate=float(estimate) if estimate not in (b"", "") else None,
         )
 
-    async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float = DEFAULT_QUANTILE) -> None:
+    async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float | None = DEFAULT_QUANTILE) -> None:
         if not settles:
             return
-        # Only ARGV[1], the quantile, the estimate's time-to-live and decay, and the batch are read.
-        args: list[object] = [0, 0, -1, -1, "0", "", "-1", "-1", 0, -1, 0, repr(float(quantile)), 0]
-        args.extend((ESTIMATE_TTL_MS, DECAY_AT_SAMPLES, 0, *_batch_args(settles)))
+        settings = _settings_arg(None, 0, 0, quantile)
+        args = [0, 0, -1, settings, _settles_arg(settles), _samples_arg(settles)]
         await self._runner.run("admission_acquire", self._admission_keys(model_group), args)
 
     async def admission_snapshot(self, model_group: str, window_ms: int) -> AdmissionSnapshot | None:
@@ -250,7 +266,7 @@ class MemoryAdmissionStore:
         window_ms: int,
         *,
         settles: SettleBatch | None = None,
-        quantile: float = DEFAULT_QUANTILE,
+        quantile: float | None = DEFAULT_QUANTILE,
     ) -> AcquireResult:
         with self._lock:
             now = self._now_ms()
@@ -277,7 +293,7 @@ class MemoryAdmissionStore:
                 estimate=result.estimate,
             )
 
-    async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float = DEFAULT_QUANTILE) -> None:
+    async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float | None = DEFAULT_QUANTILE) -> None:
         with self._lock:
             self._ledger.apply(model_group, settles, quantile)
 

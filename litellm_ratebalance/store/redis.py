@@ -42,6 +42,7 @@ class RedisStore(RedisAdmissionStore, RedisRoutingStore, RedisContractStore, Red
             client, timeout_seconds=timeout_seconds, cooldown_seconds=cooldown_seconds, max_in_flight=max_connections
         )
         self._owns_client = owns_client
+        self._settings_args = {}
 
     @property
     def client(self) -> Any:

@@ -15,7 +15,7 @@ async def settle(
     await store.flush(model_group, batch)
 
 
-async def learn(store: AdmissionStore, model_group: str, *samples: int, quantile: float = 0.5) -> None:
+async def learn(store: AdmissionStore, model_group: str, *samples: int, quantile: float | None = None) -> None:
     """Teach the output estimate ``samples``, sent on their own."""
     batch = SettleBatch()
     for sample in samples:

@@ -73,8 +73,15 @@ async def test_the_quantile_chooses_what_a_request_reserves(store: MemoryStore |
 async def test_the_histogram_forgets_old_answers(store: MemoryStore | RedisStore) -> None:
     await learn(store, "m", *([300] * (DECAY_AT_SAMPLES - 1)))
     assert (await store.acquire("m", limits(), LEARNED, 60_000)).estimate == 300
+    means: list[float] = []
     for _ in range(3):  # each decay halves the old answers' weight
         await learn(store, "m", *([40] * DECAY_AT_SAMPLES))
+        mean = (await store.acquire("m", limits(), LEARNED, 60_000)).estimate
+        assert mean is not None
+        means.append(mean)
+    # 999 x 300 halved three times against 875 of the 40s: (124.875 x 300 + 875 x 40) / 999.875
+    assert means[0] > means[1] > means[2] == pytest.approx(72.47, abs=0.01)
+    await learn(store, "m", 40, quantile=0.5)
     assert (await store.acquire("m", limits(), LEARNED, 60_000)).estimate == 40
 
 
@@ -175,10 +182,10 @@ def _batch(step: Step, window_start: int) -> SettleBatch:
     sequence=st.lists(steps, min_size=1, max_size=12),
     tpm=st.sampled_from([None, 500, 3000]),
     rpm=st.sampled_from([None, 4, 50]),
-    quantile=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+    quantile=st.sampled_from([None, 0.0, 0.5, 0.9, 1.0]),
 )
 async def test_script_keeps_the_same_ledger_as_the_embedded_store(
-    redis_client: aioredis.Redis, sequence: list[Step], tpm: int | None, rpm: int | None, quantile: float
+    redis_client: aioredis.Redis, sequence: list[Step], tpm: int | None, rpm: int | None, quantile: float | None
 ) -> None:
     await redis_client.flushdb()
     redis_store = RedisStore(redis_client, KeySpace("rbdiff"), timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)

@@ -10,25 +10,18 @@
 --          now >= start + window.
 -- KEYS[2]  hash of the model group's learned output estimate (same hash tag). Fields: c<b> / s<b> (count /
 --          sum of the samples in bucket b), n (count of all samples), e (the current estimate).
--- ARGV[1]  1: decide a request; 0: apply the settles only (ARGV[2..11] and ARGV[13] are then unused)
--- ARGV[2]  window length, ms
--- ARGV[3]  model rpm, or -1 when not configured
--- ARGV[4]  model tpm, or -1 when not configured
--- ARGV[5]  saturation threshold (0..1)
--- ARGV[6]  pool field of this request
--- ARGV[7]  pool strict-mode request cap, or -1 for none
--- ARGV[8]  pool strict-mode token cap, or -1 for none
--- ARGV[9]  fixed tokens of the request (counted before the call)
--- ARGV[10] output cap: the request reserves min(cap, estimate) output tokens more; -1: none
--- ARGV[11] prior: output tokens assumed before any sample
--- ARGV[12] quantile of the estimate (0..1)
--- ARGV[13] window key time-to-live after the window ends, ms
--- ARGV[14] estimate key time-to-live, ms (from the last sample)
--- ARGV[15] samples at which the histogram halves
--- ARGV[16] f, the number of floors, then f triples: other pool field, floor requests, floor tokens
--- then     s, the number of settles, then s quadruples: window start (ms), pool field, token delta,
---          request delta
--- then     k, the number of sample buckets, then k triples: bucket, count, sum of samples
+-- ARGV[1]  1: decide a request; 0: apply the settles only (ARGV[2], ARGV[3] and the limits are then unused)
+-- ARGV[2]  fixed tokens of the request (counted before the call)
+-- ARGV[3]  output cap: the request reserves min(cap, estimate) output tokens more; -1: none
+-- ARGV[4]  the settings, space-separated (one string: the client builds it once per pool and settings):
+--          window length (ms), model rpm (-1: none), model tpm (-1: none), saturation threshold (0..1),
+--          pool field of the request, pool strict-mode request cap (-1: none), pool strict-mode token cap
+--          (-1: none), prior (output tokens assumed before any sample), quantile of the estimate (0..1; -1: the mean),
+--          window key time-to-live after the window ends (ms), estimate key time-to-live (ms, from the last
+--          sample), samples at which the histogram halves, f (the number of floors), then f triples: other
+--          pool field, floor requests, floor tokens
+-- ARGV[5]  settles, space-separated quadruples: window start (ms), pool field, token delta, request delta
+-- ARGV[6]  samples, space-separated triples: bucket, count, sum of samples
 -- Returns  when deciding: {admitted 0|1, reason 0..4, now_ms, window_start_ms, requests, tokens,
 --          pool_requests, pool_tokens, saturation (string), strict 0|1, held_requests (string),
 --          held_tokens (string), cost tokens, estimate (string, "" before any sample)}; counters are after
@@ -37,22 +30,31 @@
 
 local wkey, ekey = KEYS[1], KEYS[2]
 local deciding = ARGV[1] == '1'
-local window = tonumber(ARGV[2])
-local rpm = tonumber(ARGV[3])
-local tpm = tonumber(ARGV[4])
-local threshold = tonumber(ARGV[5])
-local pool = ARGV[6]
-local pool_rpm = tonumber(ARGV[7])
-local pool_tpm = tonumber(ARGV[8])
-local fixed = tonumber(ARGV[9])
-local output_cap = tonumber(ARGV[10])
-local prior = tonumber(ARGV[11])
-local quantile = tonumber(ARGV[12])
-local linger = tonumber(ARGV[13])
-local estimate_ttl = tonumber(ARGV[14])
-local decay_at = tonumber(ARGV[15])
-local n_floors = tonumber(ARGV[16])
-local at = 17 + 3 * n_floors
+local fixed = tonumber(ARGV[2])
+local output_cap = tonumber(ARGV[3])
+
+local function words(text)
+  local out = {}
+  for word in string.gmatch(text, '%S+') do out[#out + 1] = word end
+  return out
+end
+
+local h = words(ARGV[4])
+local window = tonumber(h[1])
+local rpm = tonumber(h[2])
+local tpm = tonumber(h[3])
+local threshold = tonumber(h[4])
+local pool = h[5]
+local pool_rpm = tonumber(h[6])
+local pool_tpm = tonumber(h[7])
+local prior = tonumber(h[8])
+local quantile = tonumber(h[9])
+local linger = tonumber(h[10])
+local estimate_ttl = tonumber(h[11])
+local decay_at = tonumber(h[12])
+local n_floors = tonumber(h[13])
+local settles = words(ARGV[5])
+local samples = words(ARGV[6])
 
 local function num(v) return tonumber(v) or 0 end
 
@@ -64,7 +66,7 @@ local function add(field, delta)
 end
 
 -- 1. settles, per window they were reserved in
-local n_settles = tonumber(ARGV[at])
+local n_settles = #settles / 4
 if n_settles > 0 then
   local cur = redis.call('HMGET', wkey, 'start', 'ps', 'pt', 'pl', 'c')
   local start = cur[1]
@@ -72,8 +74,9 @@ if n_settles > 0 then
     local prev_start, prev_tokens, prev_tpm, carry = cur[2], num(cur[3]), num(cur[4]), num(cur[5])
     local prev_moved = false
     for i = 0, n_settles - 1 do
-      local base = at + 1 + i * 4
-      local s, p, dt, dr = ARGV[base], ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+      local base = 1 + i * 4
+      local s, p = settles[base], settles[base + 1]
+      local dt, dr = tonumber(settles[base + 2]), tonumber(settles[base + 3])
       if s == start then
         add('t', dt)
         add('t:' .. p, dt)
@@ -94,18 +97,16 @@ if n_settles > 0 then
     end
   end
 end
-at = at + 1 + 4 * n_settles
-
 -- samples: histogram, decay, estimate
-local n_buckets = tonumber(ARGV[at])
+local n_buckets = #samples / 3
 if n_buckets > 0 then
   local total = num(redis.call('HGET', ekey, 'n'))
   for i = 0, n_buckets - 1 do
-    local base = at + 1 + i * 3
-    local b = ARGV[base]
-    redis.call('HINCRBYFLOAT', ekey, 'c' .. b, ARGV[base + 1])
-    redis.call('HINCRBYFLOAT', ekey, 's' .. b, ARGV[base + 2])
-    total = total + tonumber(ARGV[base + 1])
+    local base = 1 + i * 3
+    local b = samples[base]
+    redis.call('HINCRBYFLOAT', ekey, 'c' .. b, samples[base + 1])
+    redis.call('HINCRBYFLOAT', ekey, 's' .. b, samples[base + 2])
+    total = total + tonumber(samples[base + 1])
   end
   local flat = redis.call('HGETALL', ekey)
   local counts, sums, buckets = {}, {}, {}
@@ -130,13 +131,20 @@ if n_buckets > 0 then
   table.sort(buckets)
   local all = 0
   for _, b in ipairs(buckets) do all = all + counts[b] end
-  local target = quantile * all
-  local cumulative, chosen = 0, 0
-  for _, b in ipairs(buckets) do
-    if counts[b] > 0 then
-      cumulative = cumulative + counts[b]
-      chosen = sums[b] / counts[b]
-      if cumulative >= target then break end
+  local chosen = 0
+  if quantile < 0 then
+    local tokens = 0
+    for _, b in ipairs(buckets) do tokens = tokens + sums[b] end
+    if all > 0 then chosen = tokens / all end
+  else
+    local target = quantile * all
+    local cumulative = 0
+    for _, b in ipairs(buckets) do
+      if counts[b] > 0 then
+        cumulative = cumulative + counts[b]
+        chosen = sums[b] / counts[b]
+        if cumulative >= target then break end
+      end
     end
   end
   redis.call('HSET', ekey, 'n', string.format('%.17g', total), 'e', string.format('%.17g', chosen))
@@ -192,9 +200,9 @@ local strict = sat >= threshold
 
 local held_r, held_t = 0, 0
 for i = 0, n_floors - 1 do
-  local base = 17 + i * 3
-  local other = ARGV[base]
-  local fr, ft = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+  local base = 14 + i * 3
+  local other = h[base]
+  local fr, ft = tonumber(h[base + 1]), tonumber(h[base + 2])
   local ov = redis.call('HMGET', wkey, 'r:' .. other, 't:' .. other)
   held_r = held_r + math.max(0, fr - num(ov[1]))
   held_t = held_t + math.max(0, ft - num(ov[2]))
