@@ -128,6 +128,12 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             "Learned output tokens a request of the model group reserves (before capping at max_tokens)",
             ["model_group"],
         )
+        # Labelled children of the per-request series, looked up once (a label lookup costs about as much
+        # as the rest of the hook's own bookkeeping); bounded by model groups x configured priorities.
+        self._pre_call_latency = self._latency.labels(COMPONENT, "pre_call")
+        self._log_success_latency = self._latency.labels(COMPONENT, "log_success")
+        self._admitted_counters: dict[tuple[str, str], Any] = {}
+        self._gauges: dict[str, tuple[Any, Any]] = {}
 
     def _runtime(self) -> Runtime:
         return self._own_runtime if self._own_runtime is not None else get_runtime()
@@ -169,7 +175,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         try:
             await self._admit(user_api_key_dict, data, call_type)
         finally:
-            self._latency.labels(COMPONENT, "pre_call").observe(time.perf_counter() - started)
+            self._pre_call_latency.observe(time.perf_counter() - started)
         return None
 
     async def _admit(self, user_api_key_dict: Any, data: dict[str, Any], call_type: Any = None) -> None:
@@ -216,9 +222,10 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
                 self._admissions.labels(model_group, priority_label, "admitted", "store_error").inc()
                 return
             raise runtime.faults.unavailable(COMPONENT) from None
-        self._saturation.labels(model_group).set(result.saturation)
+        saturation_gauge, estimate_gauge = self._model_gauges(model_group)
+        saturation_gauge.set(result.saturation)
         if result.estimate is not None:
-            self._estimate.labels(model_group).set(result.estimate)
+            estimate_gauge.set(result.estimate)
         headers = rate_limit_headers(
             limits=limits,
             counters=result.counters,
@@ -243,7 +250,12 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             headers["retry-after"] = str(reset_seconds(result.now_ms, result.window_end_ms))
             headers["rate_limit_type"] = result.reason.limit_type
             raise _litellm.rate_limit_exception(message, headers, model_group)
-        self._admissions.labels(model_group, priority_label, "admitted", "").inc()
+        admitted = self._admitted_counters.get((model_group, priority_label))
+        if admitted is None:
+            admitted = self._admitted_counters[(model_group, priority_label)] = self._admissions.labels(
+                model_group, priority_label, "admitted", ""
+            )
+        admitted.inc()
         ticket_id = uuid.uuid4().hex
         learn_beyond = cost.fixed if cost.output_cap is not None else None
         # Late corrections still count (carried into the current window): keep tickets past their window.
@@ -257,6 +269,15 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             metadata = {}
             data["metadata"] = metadata
         metadata[TICKET_KEY] = {"id": ticket_id, "headers": headers}
+
+    def _model_gauges(self, model_group: str) -> tuple[Any, Any]:
+        found = self._gauges.get(model_group)
+        if found is None:
+            found = self._gauges[model_group] = (
+                self._saturation.labels(model_group),
+                self._estimate.labels(model_group),
+            )
+        return found
 
     async def async_post_call_response_headers_hook(
         self,
@@ -275,7 +296,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         try:
             await self._reconcile(kwargs, response_obj)
         finally:
-            self._latency.labels(COMPONENT, "log_success").observe(time.perf_counter() - started)
+            self._log_success_latency.observe(time.perf_counter() - started)
 
     async def _reconcile(self, kwargs: dict[str, Any], response_obj: Any) -> None:
         entry = find_entry(kwargs, TICKET_KEY)

@@ -157,9 +157,18 @@ class RedisAdmissionStore:
     _runner: ScriptRunner
     _keys: KeySpace
     _settings_args: dict[tuple[AdmissionLimits, int, int, float | None], str]
+    _key_pairs: dict[str, list[str]]
 
     def _admission_keys(self, model_group: str) -> list[str]:
-        return [self._keys.admission_window(model_group), self._keys.admission_estimate(model_group)]
+        keys = self._key_pairs.get(model_group)
+        if keys is None:
+            if len(self._key_pairs) >= 1024:  # bounded: request model names are not all configured ones
+                self._key_pairs.clear()
+            keys = self._key_pairs[model_group] = [
+                self._keys.admission_window(model_group),
+                self._keys.admission_estimate(model_group),
+            ]
+        return keys
 
     async def acquire(
         self,

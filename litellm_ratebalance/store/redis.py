@@ -43,6 +43,7 @@ class RedisStore(RedisAdmissionStore, RedisRoutingStore, RedisContractStore, Red
         )
         self._owns_client = owns_client
         self._settings_args = {}
+        self._key_pairs = {}
 
     @property
     def client(self) -> Any:

@@ -38,10 +38,10 @@ async def test_the_docs_quick_start_serves_two_requests_then_429(
     if redis_url is not None:
         import redis
 
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter("e2e-quick-start:*"):
-            client.delete(key)
-        client.close()
+        server = redis.Redis.from_url(redis_url)
+        for key in server.scan_iter("e2e-quick-start:*"):
+            server.delete(key)
+        server.close()
     (proxy,) = proxies(CONFIG, redis_url=redis_url)
     async with proxy.async_client() as client:
         statuses = []
