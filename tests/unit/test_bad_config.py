@@ -137,6 +137,8 @@ HAND = [
     Row(("priority_reservation", "prod"), "high", "priority_reservation.prod: must be a number or a mapping with keys type, value (got 'high')"),
     Row(("priority_reservation", "prod"), 1.5, "priority_reservation: prod: a fraction must be between 0.0 and 1.0 (got 1.5)"),
     Row(("priority_reservation", "prod"), {"type": "rps", "value": 3}, "priority_reservation.prod.type: must be 'percent', 'rpm' or 'tpm' (got 'rps')"),
+    # LiteLLM would take 90 as a weight of 90 and leave every other priority almost nothing.
+    Row(("priority_reservation", "prod"), {"type": "percent", "value": 90}, "priority_reservation: prod.value: a percent reservation is a fraction 0..1; did you mean 0.9? (got 90)"),
     Row(("priority_reservation", "prod"), {"type": "rpm", "value": -3}, "priority_reservation.prod.value: must be between 0.0 and 1000000000000.0 (got -3)"),
     Row(("priority_reservation", "prod"), {"type": "rpm", "valu": 3}, "priority_reservation.prod.valu: unknown setting; valid keys here: type, value"),
     Row(("priority_reservation",), {"": 0.5}, "priority_reservation: priority names must be non-empty strings of at most 256 characters"),

@@ -29,6 +29,15 @@ def test_litellm_reservation_forms_are_accepted() -> None:
     }
 
 
+def test_a_percent_reservation_is_a_fraction() -> None:
+    settings = parse_settings({"priority_reservation": {"prod": {"type": "percent", "value": 0.9}, "dev": 0.1}})
+    assert settings.reservation_values()["prod"] == {"type": "percent", "value": 0.9}
+    with pytest.raises(
+        ConfigurationError, match=r"prod\.value: a percent reservation is a fraction 0\.\.1; did you mean 0\.9\?"
+    ):
+        parse_settings({"priority_reservation": {"prod": {"type": "percent", "value": 90}, "dev": 0.1}})
+
+
 def test_pydantic_object_from_litellm_is_read() -> None:
     from litellm.types.utils import PriorityReservationSettings
 
