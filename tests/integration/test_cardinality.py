@@ -106,10 +106,11 @@ async def test_a_flood_of_bogus_names_leaves_redis_and_local_state_flat(redis_cl
     assert await redis_shape(redis_client) == redis_before
     assert local_state(rate_limiter, callback) == local_before
     assert series_count() == series_before
-    # What "flat" is here: one limiter window for the one real model group and one contract window pair;
+    # What "flat" is here: one limiter window and one learned-output estimate for the one real model group
+    # and one contract window pair;
     # the limiter's pool fields are the configured priorities and the default pool, the contract fields
     # the configured features, ``unassigned`` and the basket.
-    assert redis_before[0] == 3
+    assert redis_before[0] == 4
     assert local_before["capacity cache"] == 1
     assert all([await redis_client.ttl(key) > 0 async for key in redis_client.scan_iter(match=f"{PREFIX}:*")])
 
