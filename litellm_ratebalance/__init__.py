@@ -13,8 +13,6 @@ SDK users build the classes themselves and may hand in settings, a store or a ro
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +41,10 @@ _PROXY_NAMES = {
 }
 """Names served from ``litellm_ratebalance.proxy.<module>`` on first use: those modules import LiteLLM (seconds),
 which the policy modules (``litellm_ratebalance.routing.estimator`` and the like) do not need. Each callback
-instance is created when its name is first looked up, as LiteLLM does for ``litellm_settings.callbacks``."""
+instance is created when its name is first looked up, as LiteLLM does for ``litellm_settings.callbacks``
+(it imports ``litellm_ratebalance`` and reads the attribute after the last dot). No subpackage shares one of
+these names, so an import of a subpackage never replaces an instance (the backpressure policy modules live in
+``litellm_ratebalance.overload``)."""
 
 
 def __getattr__(name: str) -> Any:
@@ -53,28 +54,6 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(f"litellm_ratebalance.proxy.{module}"), name)
     globals()[name] = value  # looked up once
     return value
-
-
-class _Package(types.ModuleType):
-    """This package's module type: its ``backpressure`` attribute is the callback instance (what
-    ``litellm_settings.callbacks: ["litellm_ratebalance.backpressure"]`` names), even though a subpackage of
-    that name exists. Importing the subpackage sets the parent's attribute to it; that assignment is kept
-    aside here instead, and ``litellm_ratebalance.backpressure.<module>`` imports work as usual (they go
-    through ``sys.modules``)."""
-
-    @property
-    def backpressure(self) -> Any:
-        # (the subpackage itself may stand here: imported by this package's own imports, before its type was set)
-        value = globals().get("backpressure")
-        return __getattr__("backpressure") if value is None or isinstance(value, types.ModuleType) else value
-
-    @backpressure.setter
-    def backpressure(self, value: Any) -> None:
-        if not isinstance(value, types.ModuleType):
-            globals()["backpressure"] = value  # (read back by the getter; __getattr__ stores here too)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 try:

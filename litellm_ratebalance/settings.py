@@ -22,9 +22,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from litellm_ratebalance._config_base import SettingsModel, configuration_error, register
-from litellm_ratebalance.backpressure.config import BackpressureSettings
 from litellm_ratebalance.contracts.config import TrafficContractSettings
 from litellm_ratebalance.errors import ConfigurationError, redact_url
+from litellm_ratebalance.overload.config import BackpressureSettings
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.store.keys import validate_prefix
 

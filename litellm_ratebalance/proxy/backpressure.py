@@ -55,10 +55,11 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from litellm_ratebalance import metrics
-from litellm_ratebalance.backpressure.config import BackpressureSettings, DeploymentConfig
-from litellm_ratebalance.backpressure.limits import GradientLimit, LimitConfig, per_token_rtt
-from litellm_ratebalance.backpressure.queue import FairQueue
-from litellm_ratebalance.backpressure.shedding import (
+from litellm_ratebalance.errors import ConfigurationError, StoreError
+from litellm_ratebalance.overload.config import BackpressureSettings, DeploymentConfig
+from litellm_ratebalance.overload.limits import GradientLimit, LimitConfig, per_token_rtt
+from litellm_ratebalance.overload.queue import FairQueue
+from litellm_ratebalance.overload.shedding import (
     Reason,
     Tiers,
     Verdict,
@@ -66,8 +67,7 @@ from litellm_ratebalance.backpressure.shedding import (
     decide,
     retry_after_seconds,
 )
-from litellm_ratebalance.backpressure.signals import Fetcher, GpuProbe, NvmlProbe, SignalBoard, server_signals
-from litellm_ratebalance.errors import ConfigurationError, StoreError
+from litellm_ratebalance.overload.signals import Fetcher, GpuProbe, NvmlProbe, SignalBoard, server_signals
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.identity import metadata_value, resolve_priority
 from litellm_ratebalance.proxy.runtime import get_runtime, schedule_startup_check

@@ -12,7 +12,7 @@ import logging
 import httpx
 import pytest
 
-from litellm_ratebalance.backpressure.signals import SCRAPE_FAILURES_BEFORE_WARNING, SignalBoard
+from litellm_ratebalance.overload.signals import SCRAPE_FAILURES_BEFORE_WARNING, SignalBoard
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.backpressure import (
     _LITELLM_LOGGERS,

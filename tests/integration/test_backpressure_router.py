@@ -18,8 +18,8 @@ import pytest
 from litellm.proxy._types import UserAPIKeyAuth
 from litellm.router import Router
 
-from litellm_ratebalance.backpressure.signals import NvmlProbe
 from litellm_ratebalance.errors import StoreError
+from litellm_ratebalance.overload.signals import NvmlProbe
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings

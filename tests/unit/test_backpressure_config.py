@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from litellm_ratebalance.backpressure.config import BackpressureSettings
 from litellm_ratebalance.errors import ConfigurationError
+from litellm_ratebalance.overload.config import BackpressureSettings
 from litellm_ratebalance.settings import parse_settings
 
 

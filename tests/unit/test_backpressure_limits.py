@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from litellm_ratebalance.backpressure.limits import GradientLimit, LimitConfig, per_token_rtt
+from litellm_ratebalance.overload.limits import GradientLimit, LimitConfig, per_token_rtt
 
 
 def feed(

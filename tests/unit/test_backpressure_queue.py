@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from litellm_ratebalance.backpressure.queue import FairQueue, QueueEntry
+from litellm_ratebalance.overload.queue import FairQueue, QueueEntry
 
 
 def push(

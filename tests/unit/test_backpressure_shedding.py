@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from litellm_ratebalance.backpressure.shedding import (
+from litellm_ratebalance.overload.shedding import (
     Reason,
     Tiers,
     Verdict,

@@ -7,7 +7,7 @@ from typing import TypedDict
 
 import pytest
 
-from litellm_ratebalance.backpressure.signals import (
+from litellm_ratebalance.overload.signals import (
     GpuSample,
     NvmlProbe,
     ServerMetrics,

@@ -16,8 +16,8 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel
 
-from litellm_ratebalance.backpressure.config import BackpressureSettings, DeploymentOverrides
 from litellm_ratebalance.cli import load_config_settings
+from litellm_ratebalance.overload.config import BackpressureSettings, DeploymentOverrides
 from litellm_ratebalance.settings import Settings, parse_settings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "example_config.yaml"

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-
-import pytest
 
 _ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
@@ -22,30 +21,36 @@ def test_the_policy_modules_load_without_litellm() -> None:
     out = _run(
         "import sys\n"
         "import litellm_ratebalance.routing.estimator, litellm_ratebalance.admission.policy\n"
-        "import litellm_ratebalance.backpressure.shedding\n"
+        "import litellm_ratebalance.overload.shedding\n"
         "print('litellm' in sys.modules)"
     )
     assert out == "False"
 
 
-@pytest.mark.parametrize(
-    ("name", "class_name"),
-    [
-        ("backpressure", "BackpressureCallback"),
-        ("rate_balancer", "RateBalancerCallback"),
-        ("rate_limiter", "PriorityRateLimiter"),
-        ("traffic_contracts", "TrafficContractsCallback"),
-    ],
-)
-def test_callback_names_are_the_instances_even_after_a_same_named_subpackage(name: str, class_name: str) -> None:
-    """``litellm_ratebalance.backpressure`` is also a subpackage; importing it first must not turn the
-    package attribute LiteLLM resolves into that module."""
+_CALLBACKS = {
+    "backpressure": "BackpressureCallback",
+    "rate_balancer": "RateBalancerCallback",
+    "rate_limiter": "PriorityRateLimiter",
+    "traffic_contracts": "TrafficContractsCallback",
+}
+
+
+def test_callback_names_are_the_instances_and_no_module_shares_one() -> None:
+    """LiteLLM resolves ``litellm_ratebalance.<name>`` as an attribute of the package. No module or subpackage
+    may have one of those names (importing it would replace the attribute with the module), and the package
+    is a plain module: no module-class swap keeps the two apart."""
     out = _run(
-        "import litellm_ratebalance.backpressure.config\n"
+        "import importlib.util, json, types\n"
+        "import litellm_ratebalance.overload.config, litellm_ratebalance.overload.signals\n"
         "import litellm_ratebalance as package\n"
-        f"print(type(getattr(package, {name!r})).__name__)"
+        f"names = {sorted(_CALLBACKS)!r}\n"
+        "print(json.dumps({\n"
+        "    'plain_module': type(package) is types.ModuleType,\n"
+        "    'modules': [n for n in names if importlib.util.find_spec('litellm_ratebalance.' + n) is not None],\n"
+        "    'types': {n: type(getattr(package, n)).__name__ for n in names},\n"
+        "}))"
     )
-    assert out == class_name
+    assert json.loads(out) == {"plain_module": True, "modules": [], "types": _CALLBACKS}
 
 
 def test_an_sdk_process_never_loads_the_proxy_server() -> None:

@@ -9,7 +9,7 @@
   (package ``nvidia-ml-py``, an optional import) or any module with the same functions (tests pass
   :mod:`litellm_ratebalance.simulate.fake_nvml`).
 * :class:`SignalBoard` keeps the latest scrape per deployment and turns readings into the signals of
-  :mod:`~litellm_ratebalance.backpressure.shedding` (:func:`server_signals`).
+  :mod:`~litellm_ratebalance.overload.shedding` (:func:`server_signals`).
 
 Degradation: an endpoint that cannot be scraped, or NVML that cannot be loaded, logs one warning line (per
 deployment, until it recovers, which logs one info line) and the deployment runs on its other signals; a
