@@ -1,7 +1,7 @@
 """``litellm-ratebalance``: command-line tools for operators.
 
 ``check-config CONFIG``  validate our settings in a LiteLLM config.yaml, and the rate balancer's ``model_info``
-keys in its ``model_list`` (exit 0, or 78 with key paths)
+keys in its ``model_list`` (exit 0, or 78 with key paths); it does not import LiteLLM
 ``status --config CONFIG [--redis-url URL [--cluster]] [--json] [--model GROUP]...``  what the shared store holds now
 
 ``status`` exit codes: 0 shown; 1 the store could not be read (Redis unreachable, timeout); 2 bad usage
@@ -10,6 +10,10 @@ state in process, out of reach of this command; or its Redis is a Sentinel set: 
 ``--redis-url``); 78 invalid config. A Redis Cluster is read through its startup nodes (``cache_params.
 redis_startup_nodes`` or ``REDIS_CLUSTER_NODES``, as LiteLLM takes them), or ``--redis-url`` of one node with
 ``--cluster``.
+
+No command needs the network beyond the Redis it reads: ``status`` imports LiteLLM (its Router gives the
+deployments their ids) with LiteLLM's bundled model cost map, unless ``LITELLM_LOCAL_MODEL_COST_MAP`` is set
+otherwise in the environment.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,7 +69,7 @@ def model_list_problems(config: dict[str, Any]) -> list[str]:
     model_list = config.get("model_list")
     if not isinstance(model_list, list):
         return []
-    from litellm_ratebalance.proxy.routing import model_info_problems
+    from litellm_ratebalance.routing.model_info import model_info_problems
 
     return model_info_problems([d for d in model_list if isinstance(d, dict)], consequence=False)
 
@@ -197,6 +202,11 @@ async def _status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command (``argv``: the arguments after the program name; default ``sys.argv[1:]``) and return
+    its exit code (see the module docstring)."""
+    # Importing litellm otherwise fetches its model cost map over the network (and retries without one):
+    # nothing here reads costs, and an operator's shell or a locked-down host must not wait on GitHub.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     parser = argparse.ArgumentParser(prog="litellm-ratebalance", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check-config", help="validate our settings in a LiteLLM config.yaml")

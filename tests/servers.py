@@ -1,16 +1,42 @@
-"""Throwaway redis-server processes for the test session (loopback, free ports, no persistence)."""
+"""Throwaway redis-server processes for the test session (loopback, free ports, no persistence).
+
+Without ``redis-server`` on PATH (a laptop without root, a Mac), a test that needs a real server is skipped
+with a reason starting :data:`NO_REDIS_SERVER` (tests/conftest.py sums them up in one line at the end, and
+runs the store suites on fakeredis instead). CI sets :data:`REQUIRE_REDIS_SERVER_ENV`: there such a test
+fails instead, so a CI machine that lost its redis-server cannot pass by skipping.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from litellm_ratebalance.demo.services import wait_until_redis_answers
 
-__all__ = ["EXACT_COUNT_TIMEOUT_SECONDS", "RedisServer", "free_port", "redis_server_binary"]
+__all__ = [
+    "EXACT_COUNT_TIMEOUT_SECONDS",
+    "NO_REDIS_SERVER",
+    "REQUIRE_REDIS_SERVER_ENV",
+    "RedisServer",
+    "free_port",
+    "real_redis_required",
+    "redis_server_binary",
+    "skip_without_real_redis",
+]
+
+REQUIRE_REDIS_SERVER_ENV = "LITELLM_RATEBALANCE_REQUIRE_REDIS_SERVER"
+"""Set to ``1`` (``make test`` and CI do): a test that needs a real redis-server fails when there is none, and
+the store suites never fall back to fakeredis."""
+
+NO_REDIS_SERVER = "no real Redis:"
+"""Start of the skip reason of every test skipped for want of a real redis-server (tests/conftest.py counts
+them by this prefix)."""
 
 EXACT_COUNT_TIMEOUT_SECONDS = 10.0
 """Store timeout for tests of exact counts under concurrent bursts: they check behaviour, not latency, and on a
@@ -27,13 +53,35 @@ def redis_server_binary() -> str | None:
     return shutil.which("redis-server")
 
 
+def real_redis_required() -> bool:
+    """Whether this run forbids skipping (or faking) what needs a real redis-server (CI, ``make test``)."""
+    return False
+
+
+def skip_without_real_redis(*binaries: str) -> None:
+    """Return when every one of ``binaries`` (default ``redis-server``) is on PATH. Otherwise, inside a test
+    (its setup, call or teardown), skip it with a reason starting :data:`NO_REDIS_SERVER`, or fail it when
+    :func:`real_redis_required`; outside a test (a benchmark script), raise RuntimeError."""
+    missing = [name for name in binaries or ("redis-server",) if shutil.which(name) is None]
+    if not missing:
+        return
+    what = " and ".join(missing) + (" is" if len(missing) == 1 else " are") + " not on PATH"
+    if os.environ.get("PYTEST_CURRENT_TEST") is None:  # (pytest sets it while a test runs)
+        raise RuntimeError(f"{what} (make test installs redis-server with apt-get)")
+    if real_redis_required():
+        pytest.fail(f"{what}, and {REQUIRE_REDIS_SERVER_ENV}=1 forbids skipping this test", pytrace=False)
+    pytest.skip(f"{NO_REDIS_SERVER} {what}")
+
+
 class RedisServer:
-    """One redis-server on 127.0.0.1; ``stop``/``start`` keep the port so clients can reconnect."""
+    """One redis-server on 127.0.0.1; ``stop``/``start`` keep the port so clients can reconnect.
+
+    Without ``redis-server`` on PATH, creating one skips the test (see :func:`skip_without_real_redis`)."""
 
     def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        skip_without_real_redis("redis-server")
         binary = redis_server_binary()
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (make test installs it with apt-get)")
+        assert binary is not None  # (checked just above)
         self.binary = binary
         self.port = port or free_port()
         self.extra_args = extra_args

@@ -22,8 +22,16 @@ One call, :meth:`AdmissionLedger.acquire`, does in order:
    used past its tpm are the **carry**: the new window starts with them already used. So an answer longer
    than its reservation delays others by what it overshot, and over consecutive saturated windows the
    tokens served stay within ``n x tpm`` plus the last window's overshoot.
+   **Headroom.** The requests still in flight when a saturated window ends are mostly the long ones (a
+   long answer stays in flight longer), so their corrections come out positive: a window that admits up
+   to its tpm ends above it by about the same amount each time. So each model group learns that amount:
+   at the roll-over after next, when a saturated window's corrections are in, ``headroom`` moves halfway
+   towards what that window ended above the limit it admitted against (``tpm - headroom``), within
+   ``0 .. HEADROOM_CAP x tpm``; new reservations leave it free. A window is *saturated* when it refused a
+   request for the model's tokens.
 3. **Decide** the request (:func:`~litellm_ratebalance.admission.policy.decide`) with its cost: its fixed
-   tokens plus, when its output is estimated, ``min(cap, estimate)``; reserve it if admitted.
+   tokens plus, when its output is estimated, ``min(cap, estimate)``, keeping the headroom free; reserve it
+   if admitted.
 """
 
 from __future__ import annotations
@@ -39,11 +47,17 @@ from litellm_ratebalance.admission.estimate import (
 from litellm_ratebalance.admission.policy import (
     AdmissionLimits,
     Decision,
+    RejectReason,
     WindowCounters,
     decide,
 )
 
-__all__ = ["AdmissionLedger", "LedgerResult", "RequestCost", "WindowState"]
+__all__ = ["HEADROOM_CAP", "HEADROOM_WEIGHT", "AdmissionLedger", "LedgerResult", "RequestCost", "WindowState"]
+
+HEADROOM_WEIGHT = 0.5
+"""How far the headroom moves towards a saturated window's measured overshoot at each update."""
+HEADROOM_CAP = 0.2
+"""The headroom never exceeds this share of the tpm."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +84,9 @@ class WindowState:
     prev_tokens: int = 0
     prev_tpm: int = -1
     """The previous window's tpm, -1 when it had none (then nothing is carried)."""
+    full: bool = False
+    """A request was refused for the model's tokens in this window (it is saturated)."""
+    prev_full: bool = False
 
 
 @dataclass(slots=True)
@@ -77,6 +94,7 @@ class _Estimate:
     histogram: dict[int, tuple[float, float]] = field(default_factory=dict)
     total: float = 0.0
     value: float | None = None
+    headroom: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +104,7 @@ class LedgerResult:
     cost_tokens: int
     counters: WindowCounters
     estimate: float | None
+    headroom: float
 
 
 def _add(counts: dict[str, int], name: str, delta: int) -> None:
@@ -139,10 +158,15 @@ class AdmissionLedger:
         """Steps 1-3 of the module doc for one request."""
         self.apply(model_group, batch, quantile)
         window = self.windows.get(model_group)
+        learned = self._estimates.get(model_group)
         if window is None or now_ms >= window.start_ms + window_ms:
+            if window is not None and window.prev_full and window.prev_tpm >= 0:
+                learned = self._estimates.setdefault(model_group, _Estimate())
+                learned.headroom = next_headroom(learned.headroom, window.prev_tokens, window.prev_tpm)
             window = _roll_over(window, now_ms, window_ms, limits.tpm)
             self.windows[model_group] = window
-        estimate = self.estimate(model_group)
+        estimate = None if learned is None else learned.value
+        headroom = 0.0 if learned is None else learned.headroom
         cost_tokens = cost.fixed
         if cost.output_cap is not None:
             cost_tokens += reserved_output(cost.output_cap, estimate, cost.prior)
@@ -155,14 +179,16 @@ class AdmissionLedger:
             counts.get("t:" + pool, 0),
             {f.pool: (counts.get("r:" + f.pool, 0), counts.get("t:" + f.pool, 0)) for f in limits.floors},
         )
-        decision = decide(counters, limits, cost_tokens)
+        decision = decide(counters, limits, cost_tokens, headroom)
+        if decision.reason is RejectReason.MODEL_TOKENS:
+            window.full = True
         if decision.admitted:
             for name, delta in (("r", 1), ("r:" + pool, 1), ("t", cost_tokens), ("t:" + pool, cost_tokens)):
                 counts[name] = counts.get(name, 0) + delta
             counters = WindowCounters(
                 counts["r"], counts["t"], counts["r:" + pool], counts["t:" + pool], counters.other_pools
             )
-        return LedgerResult(decision, window, cost_tokens, counters, estimate)
+        return LedgerResult(decision, window, cost_tokens, counters, estimate, headroom)
 
     def forget_ended(self, now_ms: int, window_ms: int) -> None:
         """Drop windows ended for a whole window (a removed model group must not stay forever)."""
@@ -191,6 +217,13 @@ def _settle(window: WindowState, batch: SettleBatch) -> None:
         window.prev_tokens, window.carry = prev_tokens, carry
 
 
+def next_headroom(headroom: float, final_tokens: int, tpm: int) -> float:
+    """The headroom after a saturated window with ``tpm`` ended at ``final_tokens`` (module doc, step 2)."""
+    overshoot = final_tokens - (tpm - headroom)
+    moved = (1 - HEADROOM_WEIGHT) * headroom + HEADROOM_WEIGHT * overshoot
+    return min(max(0.0, moved), HEADROOM_CAP * tpm)
+
+
 def _roll_over(ended: WindowState | None, now_ms: int, window_ms: int, tpm: int | None) -> WindowState:
     if ended is None:
         return WindowState(now_ms)
@@ -203,6 +236,7 @@ def _roll_over(ended: WindowState | None, now_ms: int, window_ms: int, tpm: int 
         prev_start_ms=ended.start_ms,
         prev_tokens=tokens,
         prev_tpm=tpm if consecutive and tpm is not None else -1,
+        prev_full=ended.full,
     )
     if carry:
         state.counts["t"] = carry

@@ -153,15 +153,18 @@ def protected_room(limits: AdmissionLimits, counters: WindowCounters) -> tuple[f
     return held_requests, held_tokens
 
 
-def decide(counters: WindowCounters, limits: AdmissionLimits, cost_tokens: int) -> Decision:
-    """Admit or refuse one request that reserves one request and ``cost_tokens`` tokens."""
+def decide(counters: WindowCounters, limits: AdmissionLimits, cost_tokens: int, headroom: float = 0.0) -> Decision:
+    """Admit or refuse one request that reserves one request and ``cost_tokens`` tokens.
+
+    ``headroom``: tokens of the model's tpm kept free of new reservations for what the requests in flight
+    will use past theirs (learned, see :mod:`litellm_ratebalance.admission.ledger`)."""
     sat = saturation(counters.requests, counters.tokens, limits.rpm, limits.tpm)
     strict = sat >= limits.saturation_threshold
     held_requests, held_tokens = protected_room(limits, counters)
     reason = RejectReason.NONE
     if limits.rpm is not None and not fits(counters.requests, 1, limits.rpm - held_requests):
         reason = RejectReason.MODEL_REQUESTS
-    elif limits.tpm is not None and not fits(counters.tokens, cost_tokens, limits.tpm - held_tokens):
+    elif limits.tpm is not None and not fits(counters.tokens, cost_tokens, limits.tpm - held_tokens - headroom):
         reason = RejectReason.MODEL_TOKENS
     elif strict and limits.pool_rpm is not None and not fits(counters.pool_requests, 1, limits.pool_rpm):
         reason = RejectReason.POOL_REQUESTS

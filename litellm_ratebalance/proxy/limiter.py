@@ -128,12 +128,17 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             "Learned output tokens a request of the model group reserves (before capping at max_tokens)",
             ["model_group"],
         )
+        self._headroom = metrics.gauge(
+            "admission_headroom_tokens",
+            "Learned tokens of the model group's tpm that new reservations leave free for answers in flight",
+            ["model_group"],
+        )
         # Labelled children of the per-request series, looked up once (a label lookup costs about as much
         # as the rest of the hook's own bookkeeping); bounded by model groups x configured priorities.
         self._pre_call_latency = self._latency.labels(COMPONENT, "pre_call")
         self._log_success_latency = self._latency.labels(COMPONENT, "log_success")
         self._admitted_counters: dict[tuple[str, str], Any] = {}
-        self._gauges: dict[str, tuple[Any, Any]] = {}
+        self._gauges: dict[str, tuple[Any, Any, Any]] = {}
 
     def _runtime(self) -> Runtime:
         return self._own_runtime if self._own_runtime is not None else get_runtime()
@@ -222,8 +227,9 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
                 self._admissions.labels(model_group, priority_label, "admitted", "store_error").inc()
                 return
             raise runtime.faults.unavailable(COMPONENT) from None
-        saturation_gauge, estimate_gauge = self._model_gauges(model_group)
+        saturation_gauge, estimate_gauge, headroom_gauge = self._model_gauges(model_group)
         saturation_gauge.set(result.saturation)
+        headroom_gauge.set(result.headroom)
         if result.estimate is not None:
             estimate_gauge.set(result.estimate)
         headers = rate_limit_headers(
@@ -270,12 +276,13 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             data["metadata"] = metadata
         metadata[TICKET_KEY] = {"id": ticket_id, "headers": headers}
 
-    def _model_gauges(self, model_group: str) -> tuple[Any, Any]:
+    def _model_gauges(self, model_group: str) -> tuple[Any, Any, Any]:
         found = self._gauges.get(model_group)
         if found is None:
             found = self._gauges[model_group] = (
                 self._saturation.labels(model_group),
                 self._estimate.labels(model_group),
+                self._headroom.labels(model_group),
             )
         return found
 

@@ -43,6 +43,10 @@ from litellm_ratebalance.routing import core_build
 from litellm_ratebalance.routing.balancer import Candidate, RateBalancer
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import RateLimitObservation, parse_reset_seconds
+from litellm_ratebalance.routing.model_info import deployment_id as _deployment_id
+from litellm_ratebalance.routing.model_info import model_info_problems
+from litellm_ratebalance.routing.model_info import positive as _positive
+from litellm_ratebalance.routing.model_info import slots as _slots
 from litellm_ratebalance.store.routing import RoutingStore
 
 __all__ = [
@@ -71,16 +75,6 @@ def _log_hook_error(where: str) -> None:
         logger.exception("litellm_ratebalance routing: %s failed; the Router's own choice stands", where)
 
 
-def _positive(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if number > 0 and math.isfinite(number) else None
-
-
 def _non_negative(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
@@ -89,19 +83,6 @@ def _non_negative(value: object) -> float | None:
     except ValueError:
         return None
     return number if number >= 0 and math.isfinite(number) else None
-
-
-def _slots(value: object) -> float | None:
-    # Like model_info.input_to_output_ratio, a value that is not a number of at least 1 is not used (the
-    # deployment's slots are then learnt), so a typo in model_info never fails a request.
-    number = _positive(value)
-    return number if number is not None and number >= 1.0 else None
-
-
-def _deployment_id(deployment: Mapping[str, Any]) -> str | None:
-    info = deployment.get("model_info")
-    value = info.get("id") if type(info) is dict or isinstance(info, Mapping) else None
-    return str(value) if value is not None else None
 
 
 _candidate_cache: dict[int, tuple[Mapping[str, Any], Candidate]] = {}
@@ -133,35 +114,6 @@ def _candidate(deployment: Mapping[str, Any]) -> Candidate | None:
         _candidate_cache.clear()  # the Router replaced its model list (or many routers): start over
     _candidate_cache[key] = (deployment, candidate)
     return candidate
-
-
-def model_info_problems(deployments: Sequence[Mapping[str, Any]], *, consequence: bool = True) -> list[str]:
-    """What is wrong with the rate balancer's per-deployment settings in a model list, one message per bad
-    value naming the deployment, the key and the valid range (empty: all usable). A bad value is ignored
-    at decision time (the group's ratio, learnt slots), so a typo never fails a request; ``consequence``
-    adds that to each message (for the warnings; not where the model list is refused)."""
-    problems: list[str] = []
-    for deployment in deployments:
-        info = deployment.get("model_info")
-        if not isinstance(info, Mapping):
-            continue
-        name = _deployment_id(deployment) or deployment.get("model_name") or "?"
-        model_name = deployment.get("model_name")
-        if isinstance(model_name, str) and model_name and model_name != name:
-            name = f"{name} (model_name {model_name})"
-        ratio = info.get("input_to_output_ratio")
-        if ratio is not None and _positive(ratio) is None:
-            problems.append(
-                f"deployment {name}: model_info.input_to_output_ratio={ratio!r} must be a number greater than 0"
-                + (" (ignored: the group's ratio is used)" if consequence else "")
-            )
-        slots = info.get("slots")
-        if slots is not None and _slots(slots) is None:
-            problems.append(
-                f"deployment {name}: model_info.slots={slots!r} must be a number of at least 1"
-                + (" (ignored: the slots are learnt)" if consequence else "")
-            )
-    return problems
 
 
 def _startup_model_info_problems(model_list: Sequence[Mapping[str, Any]]) -> list[str]:

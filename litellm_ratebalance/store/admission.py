@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from litellm_ratebalance.admission.estimate import DECAY_AT_SAMPLES, SettleBatch
-from litellm_ratebalance.admission.ledger import AdmissionLedger, RequestCost
+from litellm_ratebalance.admission.ledger import HEADROOM_CAP, HEADROOM_WEIGHT, AdmissionLedger, RequestCost
 from litellm_ratebalance.admission.policy import (
     AdmissionLimits,
     RejectReason,
@@ -67,6 +67,8 @@ class AcquireResult:
     """Tokens the request reserves (or would have)."""
     estimate: float | None
     """The model group's learned output estimate; ``None`` before any sample."""
+    headroom: float = 0.0
+    """Tokens of the tpm new reservations leave free (learned, see the ledger)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +150,8 @@ def _settings_arg(limits: AdmissionLimits | None, window_ms: int, prior: int, qu
             floors.extend((floor.pool, repr(floor.requests), repr(floor.tokens)))
     wire_quantile = "-1" if quantile is None else repr(float(quantile))  # -1: the mean
     tail = [str(int(prior)), wire_quantile, str(_linger_ms(window_ms)), str(ESTIMATE_TTL_MS)]
-    return " ".join([*head, *tail, str(DECAY_AT_SAMPLES), *floors])
+    headroom = [repr(HEADROOM_WEIGHT), repr(HEADROOM_CAP)]
+    return " ".join([*head, *tail, str(DECAY_AT_SAMPLES), *headroom, *floors])
 
 
 class RedisAdmissionStore:
@@ -196,7 +199,7 @@ class RedisAdmissionStore:
             _samples_arg(settles),
         ]
         reply = await self._runner.run("admission_acquire", self._admission_keys(model_group), args)
-        admitted, reason, now, start, req, tok, preq, ptok, sat, strict, held_r, held_t, spent, estimate = reply
+        admitted, reason, now, start, req, tok, preq, ptok, sat, strict, held_r, held_t, spent, estimate, room = reply
         return AcquireResult(
             admitted=bool(int(admitted)),
             reason=RejectReason(int(reason)),
@@ -210,6 +213,7 @@ class RedisAdmissionStore:
             held_tokens=float(held_t),
             cost_tokens=int(spent),
             estimate=float(estimate) if estimate not in (b"", "") else None,
+            headroom=float(room),
         )
 
     async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float | None = DEFAULT_QUANTILE) -> None:
@@ -300,6 +304,7 @@ class MemoryAdmissionStore:
                 held_tokens=held_t,
                 cost_tokens=result.cost_tokens,
                 estimate=result.estimate,
+                headroom=result.headroom,
             )
 
     async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float | None = DEFAULT_QUANTILE) -> None:

@@ -4,7 +4,7 @@
 
 Because fixtures resolve from the collecting module's directory, a behavioural suite re-exported into
 this package (see :mod:`tests.cluster.suites`) runs unchanged on the cluster. Tests here are marked
-``cluster``; without ``redis-server``/``redis-cli`` they are skipped.
+``cluster``; without ``redis-server``/``redis-cli`` they are skipped (fail where CI requires a real server).
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from typing import Any
 import pytest
 
 from litellm_ratebalance.store import KeySpace, RedisStore
-from tests.cluster.cluster import RedisClusterNodes, fresh_cluster_client, redis_cli_binary
-from tests.servers import redis_server_binary
+from tests.cluster.cluster import RedisClusterNodes, fresh_cluster_client
+from tests.servers import skip_without_real_redis
 
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisClusterNodes]:
     """Three masters on loopback free ports, started on first use, torn down at the end of the session."""
-    if redis_server_binary() is None or redis_cli_binary() is None:
-        pytest.skip("redis-server and redis-cli are needed for the Redis Cluster tests")
+    skip_without_real_redis("redis-server", "redis-cli")
     with RedisClusterNodes() as cluster:
         yield cluster
 

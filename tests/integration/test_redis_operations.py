@@ -31,7 +31,10 @@ async def test_evicting_policy_is_warned_about(caplog: pytest.LogCaptureFixture)
         await client.aclose()
 
 
-async def test_noeviction_is_quiet(redis_client: aioredis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+async def test_noeviction_is_quiet(
+    redis_server: RedisServer, redis_client: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # (redis_server: CONFIG SET needs the real server, fakeredis has no eviction policy)
     await redis_client.config_set("maxmemory-policy", "noeviction")
     with caplog.at_level(logging.WARNING, logger="litellm_ratebalance"):
         assert await warn_if_evictable(RedisStore(redis_client)) == "noeviction"

@@ -103,6 +103,20 @@ async def test_overshoot_is_carried_into_the_next_window(store: MemoryStore | Re
     assert snapshot is not None and snapshot.carried_tokens == 0 and snapshot.tokens == 700
 
 
+async def test_a_saturated_window_teaches_the_headroom(store: MemoryStore | RedisStore) -> None:
+    # 1 s windows, as above: three windows in a row.
+    first = await store.acquire("m", limits(), 900, 1000)
+    assert (await store.acquire("m", limits(), 200, 1000)).reason is RejectReason.MODEL_TOKENS
+    await settle(store, "m", "d", first.window_start_ms, 300)  # 1200 of 1000
+    await asyncio.sleep(1.05)
+    assert (await store.acquire("m", limits(), 10, 1000)).headroom == 0.0
+    await asyncio.sleep(1.05)
+    third = await store.acquire("m", limits(), 850, 1000)
+    assert third.admitted and third.headroom == 100.0
+    refused = await store.acquire("m", limits(), 60, 1000)
+    assert refused.reason is RejectReason.MODEL_TOKENS
+
+
 async def test_a_late_answer_of_an_older_window_is_paid_for_now(store: MemoryStore | RedisStore) -> None:
     first = await store.acquire("m", limits(), 100, 1000)
     await asyncio.sleep(1.05)

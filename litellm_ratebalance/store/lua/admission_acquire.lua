@@ -6,10 +6,11 @@
 -- Clock: Redis server TIME (milliseconds), read only when deciding; the caller's clock is never used.
 -- KEYS[1]  hash of the model group's current window. Fields: start (ms), r / t (model requests / tokens),
 --          r:<pool> / t:<pool> (per pool), c (tokens carried from the previous window, included in t),
---          ps / pt / pl (previous window's start, final tokens, tpm or -1). Restarted when
---          now >= start + window.
+--          f (1: a request was refused for the model's tokens), ps / pt / pl / pf (previous window's
+--          start, final tokens, tpm or -1, f). Restarted when now >= start + window.
 -- KEYS[2]  hash of the model group's learned output estimate (same hash tag). Fields: c<b> / s<b> (count /
---          sum of the samples in bucket b), n (count of all samples), e (the current estimate).
+--          sum of the samples in bucket b), n (count of all samples), e (the current estimate), h (the
+--          headroom: tokens of the tpm new reservations leave free).
 -- ARGV[1]  1: decide a request; 0: apply the settles only (ARGV[2], ARGV[3] and the limits are then unused)
 -- ARGV[2]  fixed tokens of the request (counted before the call)
 -- ARGV[3]  output cap: the request reserves min(cap, estimate) output tokens more; -1: none
@@ -18,14 +19,14 @@
 --          pool field of the request, pool strict-mode request cap (-1: none), pool strict-mode token cap
 --          (-1: none), prior (output tokens assumed before any sample), quantile of the estimate (0..1; -1: the mean),
 --          window key time-to-live after the window ends (ms), estimate key time-to-live (ms, from the last
---          sample), samples at which the histogram halves, f (the number of floors), then f triples: other
---          pool field, floor requests, floor tokens
+--          sample), samples at which the histogram halves, headroom weight, headroom cap (share of the
+--          tpm), f (the number of floors), then f triples: other pool field, floor requests, floor tokens
 -- ARGV[5]  settles, space-separated quadruples: window start (ms), pool field, token delta, request delta
 -- ARGV[6]  samples, space-separated triples: bucket, count, sum of samples
 -- Returns  when deciding: {admitted 0|1, reason 0..4, now_ms, window_start_ms, requests, tokens,
 --          pool_requests, pool_tokens, saturation (string), strict 0|1, held_requests (string),
---          held_tokens (string), cost tokens, estimate (string, "" before any sample)}; counters are after
---          the reservation when admitted, and the values decided on when refused.
+--          held_tokens (string), cost tokens, estimate (string, "" before any sample), headroom (string)};
+--          counters are after the reservation when admitted, and the values decided on when refused.
 --          When only applying settles: {1}.
 
 local wkey, ekey = KEYS[1], KEYS[2]
@@ -52,7 +53,9 @@ local quantile = tonumber(h[9])
 local linger = tonumber(h[10])
 local estimate_ttl = tonumber(h[11])
 local decay_at = tonumber(h[12])
-local n_floors = tonumber(h[13])
+local headroom_weight = tonumber(h[13])
+local headroom_cap = tonumber(h[14])
+local n_floors = tonumber(h[15])
 local settles = words(ARGV[5])
 local samples = words(ARGV[6])
 
@@ -161,14 +164,28 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local start = tonumber(redis.call('HGET', wkey, 'start'))
 if (not start) or now >= start + window then
   if start then
-    local ended_tokens = num(redis.call('HGET', wkey, 't'))
+    local ended = redis.call('HMGET', wkey, 't', 'f', 'pt', 'pl', 'pf')
+    local ended_tokens = num(ended[1])
+    local before_tpm = tonumber(ended[4]) or -1
+    if ended[5] == '1' and before_tpm >= 0 then
+      -- the window before the ended one was saturated and its corrections are in: learn the headroom
+      local room = num(redis.call('HGET', ekey, 'h'))
+      local overshoot = num(ended[3]) - (before_tpm - room)
+      local moved = (1 - headroom_weight) * room + headroom_weight * overshoot
+      room = math.min(math.max(0, moved), headroom_cap * before_tpm)
+      redis.call('HSET', ekey, 'h', string.format('%.17g', room))
+      redis.call('PEXPIRE', ekey, estimate_ttl)
+    end
     local carry, prev_tpm = 0, -1
     if now < start + 2 * window and tpm >= 0 then
       carry = math.max(0, ended_tokens - tpm)
       prev_tpm = tpm
     end
+    local full = 0
+    if ended[2] == '1' then full = 1 end
     redis.call('DEL', wkey)
-    redis.call('HSET', wkey, 'start', now, 'c', carry, 'ps', start, 'pt', ended_tokens, 'pl', prev_tpm)
+    redis.call('HSET', wkey, 'start', now, 'c', carry, 'ps', start, 'pt', ended_tokens, 'pl', prev_tpm,
+      'pf', full)
     if carry > 0 then redis.call('HSET', wkey, 't', carry) end
   else
     redis.call('HSET', wkey, 'start', now)
@@ -177,7 +194,9 @@ if (not start) or now >= start + window then
 end
 
 -- 3. decide
-local estimate = redis.call('HGET', ekey, 'e')
+local learned = redis.call('HMGET', ekey, 'e', 'h')
+local estimate = learned[1]
+local headroom = num(learned[2])
 local cost = fixed
 if output_cap >= 0 then
   local expected = prior
@@ -200,7 +219,7 @@ local strict = sat >= threshold
 
 local held_r, held_t = 0, 0
 for i = 0, n_floors - 1 do
-  local base = 14 + i * 3
+  local base = 16 + i * 3
   local other = h[base]
   local fr, ft = tonumber(h[base + 1]), tonumber(h[base + 2])
   local ov = redis.call('HMGET', wkey, 'r:' .. other, 't:' .. other)
@@ -211,8 +230,9 @@ end
 local reason = 0
 if rpm >= 0 and not fits(req, 1, rpm - held_r) then
   reason = 1
-elseif tpm >= 0 and not fits(tok, cost, tpm - held_t) then
+elseif tpm >= 0 and not fits(tok, cost, tpm - held_t - headroom) then
   reason = 2
+  redis.call('HSET', wkey, 'f', 1)
 elseif strict and pool_rpm >= 0 and not fits(preq, 1, pool_rpm) then
   reason = 3
 elseif strict and pool_tpm >= 0 and not fits(ptok, cost, pool_tpm) then
@@ -228,4 +248,5 @@ end
 redis.call('PEXPIREAT', wkey, start + window + linger)
 
 return {reason == 0 and 1 or 0, reason, now, start, req, tok, preq, ptok, tostring(sat),
-        strict and 1 or 0, tostring(held_r), tostring(held_t), cost, estimate or ''}
+        strict and 1 or 0, tostring(held_r), tostring(held_t), cost, estimate or '',
+        string.format('%.17g', headroom)}
