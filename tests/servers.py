@@ -55,7 +55,7 @@ def redis_server_binary() -> str | None:
 
 def real_redis_required() -> bool:
     """Whether this run forbids skipping (or faking) what needs a real redis-server (CI, ``make test``)."""
-    return False
+    return os.environ.get(REQUIRE_REDIS_SERVER_ENV, "") not in ("", "0")
 
 
 def skip_without_real_redis(*binaries: str) -> None:
