@@ -9,7 +9,7 @@
 --          f (1: a request was refused for the model's tokens), ps / pt / pl / pf (previous window's
 --          start, final tokens, tpm or -1, f). Restarted when now >= start + window.
 -- KEYS[2]  hash of the model group's learned output estimate (same hash tag). Fields: c<b> / s<b> (count /
---          sum of the samples in bucket b), n (count of all samples), e (the current estimate), h (the
+--          sum of the samples in bucket b), n / S (count / sum of all samples), e (the current estimate), h (the
 --          headroom: tokens of the tpm new reservations leave free).
 -- ARGV[1]  1: decide a request; 0: apply the settles only (ARGV[2], ARGV[3] and the limits are then unused)
 -- ARGV[2]  fixed tokens of the request (counted before the call)
@@ -100,57 +100,65 @@ if n_settles > 0 then
     end
   end
 end
--- samples: histogram, decay, estimate
+-- samples: histogram, decay, estimate. n / S (count / sum of all samples) run along, so the mean needs
+-- no pass over the buckets; that pass (HGETALL) happens only to decay them or for a quantile.
 local n_buckets = #samples / 3
 if n_buckets > 0 then
-  local total = num(redis.call('HGET', ekey, 'n'))
+  local added_count, added_tokens = 0, 0
   for i = 0, n_buckets - 1 do
     local base = 1 + i * 3
     local b = samples[base]
     redis.call('HINCRBYFLOAT', ekey, 'c' .. b, samples[base + 1])
     redis.call('HINCRBYFLOAT', ekey, 's' .. b, samples[base + 2])
-    total = total + tonumber(samples[base + 1])
+    added_count = added_count + tonumber(samples[base + 1])
+    added_tokens = added_tokens + tonumber(samples[base + 2])
   end
-  local flat = redis.call('HGETALL', ekey)
-  local counts, sums, buckets = {}, {}, {}
-  for i = 1, #flat, 2 do
-    local name, value = flat[i], flat[i + 1]
-    local kind, b = string.sub(name, 1, 1), tonumber(string.sub(name, 2))
-    if b and kind == 'c' then
-      counts[b] = tonumber(value)
-      buckets[#buckets + 1] = b
-    elseif b and kind == 's' then
-      sums[b] = tonumber(value)
-    end
-  end
-  if total >= decay_at then
-    total = total / 2
-    for _, b in ipairs(buckets) do
-      counts[b] = counts[b] / 2
-      sums[b] = sums[b] / 2
-      redis.call('HSET', ekey, 'c' .. b, string.format('%.17g', counts[b]), 's' .. b, string.format('%.17g', sums[b]))
-    end
-  end
-  table.sort(buckets)
-  local all = 0
-  for _, b in ipairs(buckets) do all = all + counts[b] end
+  local running = redis.call('HMGET', ekey, 'n', 'S')
+  local total = num(running[1]) + added_count
+  local all_tokens = num(running[2]) + added_tokens
   local chosen = 0
-  if quantile < 0 then
-    local tokens = 0
-    for _, b in ipairs(buckets) do tokens = tokens + sums[b] end
-    if all > 0 then chosen = tokens / all end
-  else
-    local target = quantile * all
-    local cumulative = 0
+  if total >= decay_at or quantile >= 0 or (running[1] and not running[2]) then
+    local flat = redis.call('HGETALL', ekey)
+    local counts, sums, buckets = {}, {}, {}
+    for i = 1, #flat, 2 do
+      local name, value = flat[i], flat[i + 1]
+      local kind, b = string.sub(name, 1, 1), tonumber(string.sub(name, 2))
+      if b and kind == 'c' then
+        counts[b] = tonumber(value)
+        buckets[#buckets + 1] = b
+      elseif b and kind == 's' then
+        sums[b] = tonumber(value)
+      end
+    end
+    if total >= decay_at then
+      total = total / 2
+      for _, b in ipairs(buckets) do
+        counts[b] = counts[b] / 2
+        sums[b] = sums[b] / 2
+        redis.call('HSET', ekey, 'c' .. b, string.format('%.17g', counts[b]), 's' .. b, string.format('%.17g', sums[b]))
+      end
+    end
+    table.sort(buckets)
+    total, all_tokens = 0, 0
     for _, b in ipairs(buckets) do
-      if counts[b] > 0 then
-        cumulative = cumulative + counts[b]
-        chosen = sums[b] / counts[b]
-        if cumulative >= target then break end
+      total = total + counts[b]
+      all_tokens = all_tokens + sums[b]
+    end
+    if quantile >= 0 then
+      local target = quantile * total
+      local cumulative = 0
+      for _, b in ipairs(buckets) do
+        if counts[b] > 0 then
+          cumulative = cumulative + counts[b]
+          chosen = sums[b] / counts[b]
+          if cumulative >= target then break end
+        end
       end
     end
   end
-  redis.call('HSET', ekey, 'n', string.format('%.17g', total), 'e', string.format('%.17g', chosen))
+  if quantile < 0 and total > 0 then chosen = all_tokens / total end
+  redis.call('HSET', ekey, 'n', string.format('%.17g', total), 'S', string.format('%.17g', all_tokens),
+    'e', string.format('%.17g', chosen))
   redis.call('PEXPIRE', ekey, estimate_ttl)
 end
 
