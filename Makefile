@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(LITELLM_PIN)
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-compat test-compiled bench-compiled compiled lint demo bench redis-server clean
+.PHONY: install test test-compat test-compiled bench-compiled compiled lint demo bench redis-server wheel-smoke clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ redis-server:
 
 # The test session starts its own throwaway redis-server (and Redis Cluster) on free loopback ports and
 # stops them at the end (tests/conftest.py). pytest's exit code 5 means "no tests collected".
+# A bare `pytest` on a machine without redis-server runs the store suites on fakeredis and skips what needs
+# the real server; `make test` (and CI) installs redis-server and, with this variable, fails such a test
+# instead of skipping it. `make test REQUIRE_REDIS_SERVER=0` allows the skips.
+REQUIRE_REDIS_SERVER ?= 1
+export LITELLM_RATEBALANCE_REQUIRE_REDIS_SERVER := $(REQUIRE_REDIS_SERVER)
 test: $(STAMP) redis-server
 	@set +e; $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
@@ -69,10 +74,17 @@ test-compiled: compiled redis-server
 bench-compiled: compiled
 	cd $(COMPILED_DIR) && $(CURDIR)/$(PY) bench/bench_routing_decision.py
 
+# The package as a user gets it: sdist and wheel built, the wheel installed into a fresh venv with only the
+# pinned litellm[proxy], `litellm --config` on the example config (mock deployments, embedded store), our
+# series on /metrics, `litellm-ratebalance check-config` (.ci/wheel_smoke.py says what is checked).
+wheel-smoke: $(STAMP)
+	$(PY) .ci/wheel_smoke.py --constraints $(CONSTRAINTS) --litellm $(LITELLM_PIN)
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check litellm_ratebalance tests bench setup.py
-	$(VENV)/bin/ruff format --check litellm_ratebalance tests bench setup.py
+	$(VENV)/bin/ruff check litellm_ratebalance tests bench setup.py .ci/wheel_smoke.py
+	$(VENV)/bin/ruff format --check litellm_ratebalance tests bench setup.py .ci/wheel_smoke.py
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy .ci/wheel_smoke.py
 
 # `make demo` runs on the embedded store; `make demo REPLICAS=2` adds a throwaway local redis-server and a
 # second proxy replica.

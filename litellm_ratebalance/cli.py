@@ -3,6 +3,7 @@
 ``check-config CONFIG``  validate our settings in a LiteLLM config.yaml, and the rate balancer's ``model_info``
 keys in its ``model_list`` (exit 0, or 78 with key paths); it does not import LiteLLM
 ``status --config CONFIG [--redis-url URL [--cluster]] [--json] [--model GROUP]...``  what the shared store holds now
+``dashboard``  print the Grafana dashboard of our metrics (JSON, packaged with the wheel) to import
 
 ``status`` exit codes: 0 shown; 1 the store could not be read (Redis unreachable, timeout); 2 bad usage
 (e.g. an unknown ``--model``); 3 nothing to read (the config names no Redis: the proxy then keeps its
@@ -96,6 +97,15 @@ def check_config(path: Path) -> int:
 
     build = "compiled (mypyc)" if core_build() == "compiled" else "pure Python"
     print(f"routing core in this environment: {build}")
+    return 0
+
+
+def dashboard() -> int:
+    """Write the packaged Grafana dashboard to stdout, as it is in the package."""
+    from importlib import resources
+
+    text = resources.files("litellm_ratebalance").joinpath("dashboards", "litellm-ratebalance.json").read_text("utf-8")
+    sys.stdout.write(text)
     return 0
 
 
@@ -220,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--json", action="store_true", help="JSON output (schema: litellm_ratebalance.status)")
     show.add_argument("--model", action="append", metavar="GROUP", help="only this model group (repeatable)")
     show.add_argument("--timeout", type=float, default=3.0, help="seconds per Redis operation (default 3)")
+    commands.add_parser("dashboard", help="print the Grafana dashboard of our metrics (JSON) to import")
     args = parser.parse_args(argv)
+    if args.command == "dashboard":
+        return dashboard()
     if args.command == "check-config":
         return check_config(args.config)
     if args.command == "status":

@@ -1,7 +1,8 @@
 """The limiter's and the contracts' Prometheus series, with their labels, after driving their real hooks.
 
-The dashboard (dashboards/litellm-ratebalance.json) queries these names; tests/unit/test_dashboard.py checks
-that each name it uses is one the package defines. Counts are compared as deltas: the registry is global.
+The dashboard (litellm_ratebalance/dashboards/litellm-ratebalance.json) queries these names;
+tests/unit/test_dashboard.py checks that each name it uses is one the package defines. Counts are compared as
+deltas: the registry is global.
 """
 
 from __future__ import annotations

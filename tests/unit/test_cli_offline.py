@@ -97,3 +97,16 @@ def test_status_imports_litellm_without_fetching_its_cost_map(tmp_path: Path) ->
         report, stderr = _run_offline("status", "--config", str(path), "--redis-url", server.url, "--json")
     assert report["attempts"] == [], stderr
     assert report["code"] == 0 and report["litellm_imported"] is True, stderr
+
+
+def test_dashboard_prints_the_packaged_grafana_dashboard() -> None:
+    """``litellm-ratebalance dashboard`` writes the file shipped in the package, byte for byte (the wheel
+    smoke test checks that the wheel carries it)."""
+    packaged = ROOT / "litellm_ratebalance" / "dashboards" / "litellm-ratebalance.json"
+    report, stderr = _run_offline("dashboard")
+    assert report == {"code": 0, "attempts": [], "litellm_imported": False, "litellm_with_package": False}, stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "litellm_ratebalance.cli", "dashboard"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout == packaged.read_text("utf-8"), done.stderr
+    assert json.loads(done.stdout)["panels"]

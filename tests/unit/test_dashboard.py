@@ -2,7 +2,7 @@
 
 Definitions are read from the source (every ``metrics.counter|gauge|histogram("<name>", doc, [labels])``
 call under ``litellm_ratebalance/``), so renaming a metric or a label without updating
-``dashboards/litellm-ratebalance.json`` fails here.
+``litellm_ratebalance/dashboards/litellm-ratebalance.json`` fails here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "dashboards" / "litellm-ratebalance.json"
+DASHBOARD = ROOT / "litellm_ratebalance" / "dashboards" / "litellm-ratebalance.json"
 PREFIX = "litellm_ratebalance_"
 
 _SERIES = re.compile(r"\b(litellm_ratebalance_[a-z0-9_]+)\s*(\{[^}]*\})?")

@@ -3,8 +3,9 @@ included), a test that needs the real server is skipped and named in one summary
 ``LITELLM_RATEBALANCE_REQUIRE_REDIS_SERVER=1`` (``make test``, CI) the same run fails instead.
 
 Each case runs pytest in a child process whose PATH is an empty directory (so no ``redis-server`` or
-``redis-cli``), on a few tests: one of a store suite (a burst on ``concurrency_acquire.lua``, on each backend), one needing a real server through the ``redis_server``
-fixture and one starting its own :class:`~tests.servers.RedisServer`.
+``redis-cli``), on three tests: one of a store suite (a burst on ``concurrency_acquire.lua``, on each
+backend), one needing a real server through the ``redis_server`` fixture and one starting its own
+:class:`~tests.servers.RedisServer`.
 """
 
 from __future__ import annotations
