@@ -1,8 +1,10 @@
 """Wheel smoke test: the package as a user gets it, not as the checkout runs it.
 
 1. Build the sdist, and the wheel from that sdist (``python -m build``), so a file missing from either fails.
-2. Compare the archives with the source: every file of the package in the checkout (``git ls-files``; the
-   Lua scripts, ``py.typed``, the Grafana dashboard included) must be in the wheel and in the sdist.
+   The build runs in a copy of the checkout's files (``git ls-files``), so nothing an earlier build left
+   behind can stand in for a file the configuration misses.
+2. Compare the archives with the source: every file of the package in the checkout (the Lua scripts,
+   ``py.typed``, the Grafana dashboard included) must be in the wheel and in the sdist.
 3. Install the wheel into a fresh virtual environment that has nothing else but the pinned
    ``litellm[proxy]`` (the constraints file), and check that Python imports the package from there and
    finds its data files through ``importlib.resources``, as the store does.
@@ -67,30 +69,41 @@ def run(command: Sequence[str | Path], *, env: dict[str, str] | None = None, cwd
 
 
 # -- 1, 2: build and compare with the checkout -----------------------------------------------------------------
-def source_package_files() -> list[str]:
-    """Files of the package in the checkout, relative to the repository root: the tracked ones in a git
-    checkout (a stray untracked file is not expected in the wheel); elsewhere every file but bytecode and
-    compiled extensions."""
+_NOT_SOURCE = ("__pycache__", "build", "dist", ".git", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis")
+
+
+def source_files() -> list[str]:
+    """The checkout's files, relative to the repository root, as they are in the working tree: the tracked
+    ones in a git checkout (untracked scratch files are nobody's release); elsewhere (an unpacked tarball)
+    every file but build outputs, caches, virtual environments, bytecode and compiled extensions."""
     try:
-        listed = subprocess.run(
-            ["git", "ls-files", "-z", "--", PACKAGE], capture_output=True, text=True, cwd=ROOT, check=True
-        ).stdout
-        files = [name for name in listed.split("\0") if name]
+        listed = subprocess.run(["git", "ls-files", "-z"], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+        files = [name for name in listed.split("\0") if name and (ROOT / name).is_file()]  # (deleted, not committed)
         if files:
-            return sorted(name for name in files if (ROOT / name).is_file())  # (a deletion not yet committed)
+            return sorted(files)
     except (OSError, subprocess.CalledProcessError):
         pass
     return sorted(
         path.relative_to(ROOT).as_posix()
-        for path in (ROOT / PACKAGE).rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".so", ".pyd")
+        for path in ROOT.rglob("*")
+        if (parts := path.relative_to(ROOT).parts)
+        and path.is_file()
+        and not any(part in _NOT_SOURCE or part.startswith(".venv") or part.endswith(".egg-info") for part in parts)
+        and path.suffix not in (".pyc", ".so", ".pyd")
     )
 
 
-def build(dist: Path) -> tuple[Path, Path]:
-    """The sdist and the wheel built from it (``--no-isolation``: with the environment's pinned setuptools,
-    checked against ``[build-system] requires``, so the result does not depend on the newest setuptools)."""
-    run([sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, ROOT], cwd=ROOT)
+def build(files: Sequence[str], tree: Path, dist: Path) -> tuple[Path, Path]:
+    """The sdist of ``files`` (copied into ``tree`` first) and the wheel built from that sdist.
+
+    A copy, because setuptools reuses what an earlier build left in the checkout (``*.egg-info/SOURCES.txt``
+    lists every file an earlier sdist had), which would hide a file the current configuration leaves out.
+    ``--no-isolation``: built with the environment's pinned setuptools, checked against ``[build-system]
+    requires``, so the result does not depend on the newest setuptools release."""
+    for name in files:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, tree / name)
+    run([sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, tree], cwd=tree)
     sdists, wheels = sorted(dist.glob("*.tar.gz")), sorted(dist.glob("*.whl"))
     if len(sdists) != 1 or len(wheels) != 1:
         raise SmokeFailure(f"expected one sdist and one wheel in {dist}, found {[p.name for p in dist.iterdir()]}")
@@ -323,8 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     (work / "run").mkdir(parents=True)
     try:
-        expected = source_package_files()
-        sdist, wheel = build(work / "dist")
+        files = source_files()
+        expected = [name for name in files if name.startswith(f"{PACKAGE}/")]
+        sdist, wheel = build(files, work / "source", work / "dist")
         check_archives(sdist, wheel, expected)
         venv = work / "venv"
         install(venv, wheel, args.constraints.resolve(), args.litellm)
