@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(LITELLM_PIN)
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-compat test-compiled bench-compiled compiled lint demo bench redis-server wheel-smoke clean
+.PHONY: install test test-faults test-compat test-compiled bench-compiled compiled lint demo bench redis-server wheel-smoke clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -40,9 +40,20 @@ redis-server:
 # instead of skipping it. `make test REQUIRE_REDIS_SERVER=0` allows the skips.
 REQUIRE_REDIS_SERVER ?= 1
 export LITELLM_RATEBALANCE_REQUIRE_REDIS_SERVER := $(REQUIRE_REDIS_SERVER)
+# The fault tests (tests/faults, marker `faults`: proxies, Redis processes, Sentinel) are left out here and run
+# by `make test-faults` (a later -m in PYTEST_ARGS wins).
+NOT_FAULTS := -m 'not faults'
 test: $(STAMP) redis-server
-	@set +e; $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(PY) -m pytest -q -p no:cacheprovider $(NOT_FAULTS) $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# Crashes, slow and full Redis, cluster resharding, Sentinel failover, under load (needs redis-sentinel too).
+test-faults: $(STAMP) redis-server
+	@command -v redis-sentinel >/dev/null || { \
+	  echo "redis-sentinel not found: installing it with apt-get"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-sentinel; }
+	$(PY) -m pytest -q -p no:cacheprovider -m faults $(PYTEST_ARGS)
 
 # The same suite against the newest LiteLLM whose [proxy] extra installs here, in its own venv.
 COMPAT_PIN ?= 1.108.5
@@ -68,7 +79,7 @@ compiled: $(STAMP)
 	  assert core_build() == "compiled", "the routing modules did not load compiled"'
 
 test-compiled: compiled redis-server
-	@cd $(COMPILED_DIR) && set +e; LITELLM_RATEBALANCE_EXPECT_CORE=compiled $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); \
+	@cd $(COMPILED_DIR) && set +e; LITELLM_RATEBALANCE_EXPECT_CORE=compiled $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider $(NOT_FAULTS) $(PYTEST_ARGS); \
 	  rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 bench-compiled: compiled
