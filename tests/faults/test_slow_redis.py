@@ -1,0 +1,249 @@
+"""Redis gets slow (latency past ``store_timeout_seconds``) under steady load over the limit.
+
+Two real ``litellm`` proxies share one redis-server through a delaying TCP proxy (tests/faults/delay_proxy.py):
+replica ``open`` with ``fail_mode: open``, replica ``closed`` with ``fail_mode: closed``, same key prefix (they
+count the same model group). ``store_timeout_seconds`` is ``TIMEOUT_S``, ``store_retry_after_seconds``
+``RETRY_AFTER_S``. Phases:
+
+1. healthy: a burst of ``BURST`` concurrent requests per replica, then one window of steady load with exactly
+   ``RPM`` admitted (the baseline latencies of a burst and of single requests);
+2. slow: every round trip to Redis takes ``2 * DELAY_S`` longer (past the timeout) for ``SLOW_S`` seconds of
+   steady load, then (still slow) a burst of ``BURST`` concurrent requests per replica;
+3. healed: the delay is removed; the load goes on until both replicas count through Redis again;
+4. a fresh window of steady load: exactly ``RPM`` admitted again.
+
+What must hold (asserted below):
+
+* slow: ``open`` serves every request (uncounted: no ``x-litellm-saturation``), ``closed`` answers every one
+  503 with ``retry-after``; no other status;
+* the latency a request gains is bounded by the timeout, whatever the number of requests: no request takes
+  longer than the baseline's worst + ``TIMEOUT_S`` + slack, the slow burst takes at most ``TIMEOUT_S`` (+ slack)
+  longer than the healthy one (not ``BURST x TIMEOUT_S``), and only requests that found the circuit breaker
+  closed wait at all (at most those arriving during one ``TIMEOUT_S`` per ``RETRY_AFTER_S`` cycle), the
+  others fail over at once;
+* healed: both replicas count again within ``RETRY_AFTER_S + TIMEOUT_S`` (+ slack) of the delay ending;
+* afterwards a window admits exactly ``RPM``; no key is left without a TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from litellm_ratebalance.store.keys import KeySpace
+from tests.e2e.harness import LiteLLMProxy, chat_body, litellm_binary, mock_deployment, start_all, stop_all
+from tests.faults.delay_proxy import DelayProxy
+from tests.faults.support import Outcome, Recorder, by_status, keys_without_ttl, read_window, send_one, steady
+from tests.servers import RedisServer
+
+pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
+
+PREFIX = "faults-slow"
+MODEL = "slow"
+RPM = 15
+WINDOW_S = 3
+GUARD_S = 0.8
+INTERVAL_S = 0.1
+TIMEOUT_S = 0.25
+RETRY_AFTER_S = 1.0
+DELAY_S = 0.5
+"""One way: a round trip gains 1 s, four times the timeout."""
+SLOW_S = 3.0
+BURST = 30
+SLACK_S = 0.6
+"""Scheduling noise on 2 shared cores (the proxies, the load, Redis and the delay proxy all run here)."""
+
+
+def config(fail_mode: str) -> dict[str, Any]:
+    return {
+        "model_list": [mock_deployment(MODEL, rpm=RPM)],
+        "litellm_settings": {
+            "callbacks": ["litellm_ratebalance.rate_limiter"],
+            "ratebalance": {
+                "key_prefix": PREFIX,
+                "fail_mode": fail_mode,
+                "store_timeout_seconds": TIMEOUT_S,
+                "store_retry_after_seconds": RETRY_AFTER_S,
+                "fault_log_interval_seconds": 3600,
+                "limiter": {"window_seconds": WINDOW_S},
+            },
+        },
+        "router_settings": {"num_retries": 0},
+    }
+
+
+@pytest.fixture(scope="module")
+def own_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def slow_link(own_redis: RedisServer) -> Iterator[DelayProxy]:
+    with DelayProxy(own_redis.port) as link:
+        yield link
+
+
+@pytest.fixture(scope="module")
+def replicas(slow_link: DelayProxy) -> Iterator[list[LiteLLMProxy]]:
+    if litellm_binary() is None:
+        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
+    pair = [LiteLLMProxy(config(mode), redis_url=slow_link.url, name=mode) for mode in ("open", "closed")]
+    try:
+        yield start_all(pair)
+    finally:
+        stop_all(pair)
+
+
+async def window_phase(
+    targets: list[tuple[LiteLLMProxy, Any]], recorder: Recorder, sync: redis.Redis
+) -> tuple[dict[str, int], float]:
+    """One window of steady load from its first request; returns the window's final counters."""
+    began = time.time()
+    tasks: set[asyncio.Task[Outcome]] = set()
+    await steady(
+        targets, chat_body(MODEL), recorder, until=began + WINDOW_S - GUARD_S, interval_s=INTERVAL_S, tasks=tasks
+    )
+    await asyncio.gather(*tasks)
+    counters = read_window(sync, KeySpace(PREFIX), MODEL)
+    assert counters["start"] >= began * 1000 - 50, "the phase did not start a new window"
+    await asyncio.sleep(max(0.0, counters["start"] / 1000 + WINDOW_S + 0.05 - time.time()))
+    final = read_window(sync, KeySpace(PREFIX), MODEL)
+    assert final["start"] == counters["start"]
+    return final, began
+
+
+async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
+    replicas: list[LiteLLMProxy], slow_link: DelayProxy, own_redis: RedisServer
+) -> None:
+    open_, closed = replicas
+    sync = redis.Redis.from_url(own_redis.url, socket_timeout=2)  # direct, not through the delay
+    recorder = Recorder()
+    async with open_.async_client() as client_open, closed.async_client() as client_closed:
+        targets = [(open_, client_open), (closed, client_closed)]
+        # Warm-up (store clients made, scripts loaded) with the burst done healthy: its latency is the baseline
+        # of the burst done slow below. Then a window of steady load: the baseline of single requests.
+        healthy_burst = await asyncio.gather(
+            *(send_one(c, p, chat_body(MODEL), Recorder()) for p, c in targets for _ in range(BURST))
+        )
+        await asyncio.sleep(WINDOW_S + 0.1)
+        healthy, began_healthy = await window_phase(targets, recorder, sync)
+        healthy_outcomes = recorder.between(began_healthy, time.time())
+
+        # Slow: steady load plus one burst per replica in the middle.
+        slow_link.delay_s = DELAY_S
+        slow_from = time.time()
+        tasks: set[asyncio.Task[Outcome]] = set()
+        load = asyncio.create_task(
+            steady(targets, chat_body(MODEL), recorder, until=slow_from + SLOW_S, interval_s=INTERVAL_S, tasks=tasks)
+        )
+        await load
+        await asyncio.gather(*tasks)
+        slow_outcomes = recorder.between(slow_from, time.time())
+        # Still slow: a burst, once the breaker has closed again (the first request of it pays the timeout).
+        await asyncio.sleep(RETRY_AFTER_S)
+        burst = await asyncio.gather(
+            *(send_one(client, proxy, chat_body(MODEL), Recorder()) for proxy, client in targets for _ in range(BURST))
+        )
+        healed_at = time.time()
+        slow_link.delay_s = 0.0
+
+        # Healed: the load goes on until every request of a whole second is counted on both replicas.
+        tasks = set()
+        stop = asyncio.Event()
+        load = asyncio.create_task(
+            steady(
+                targets, chat_body(MODEL), recorder, until=healed_at + 10, interval_s=INTERVAL_S, tasks=tasks, stop=stop
+            )
+        )
+        while time.time() < healed_at + 10:
+            await asyncio.sleep(0.2)
+            recovered = recovery_times(recorder.between(healed_at, time.time()), healed_at)
+            if all(recovered.get(p.name) is not None for p in (open_, closed)):
+                break
+        stop.set()
+        await load
+        await asyncio.gather(*tasks)
+        recovered = recovery_times(recorder.between(healed_at, time.time()), healed_at)
+
+        # A fresh window: the limit holds exactly again.
+        await asyncio.sleep(
+            max(0.0, read_window(sync, KeySpace(PREFIX), MODEL)["start"] / 1000 + WINDOW_S + 0.05 - time.time())
+        )
+        after, began_after = await window_phase(targets, recorder, sync)
+        after_outcomes = recorder.between(began_after, time.time())
+
+    base_worst = max(o.latency for o in healthy_outcomes)
+    base_median = statistics.median(o.latency for o in healthy_outcomes)
+    slow_open = [o for o in slow_outcomes if o.replica == open_.name]
+    slow_closed = [o for o in slow_outcomes if o.replica == closed.name]
+    waited = [o for o in slow_outcomes if o.latency > base_median + TIMEOUT_S / 2]
+    report = {
+        "healthy": by_status(healthy_outcomes),
+        "healthy r": healthy["r"],
+        "baseline latency median/worst (s)": (round(base_median, 3), round(base_worst, 3)),
+        "slow open": by_status(slow_open),
+        "slow closed": by_status(slow_closed),
+        "slow latency worst (s)": round(max(o.latency for o in slow_outcomes), 3),
+        "slow latencies (s)": [
+            (o.replica[0], round(o.sent - slow_from, 2), round(o.latency, 2)) for o in slow_outcomes if o.latency > 0.1
+        ],
+        "requests that waited for the timeout": f"{len(waited)} of {len(slow_outcomes)}",
+        "burst worst healthy/slow (s)": (
+            round(max(o.latency for o in healthy_burst), 3),
+            round(max(o.latency for o in burst), 3),
+        ),
+        "burst": by_status(burst),
+        "recovered after (s)": {k: None if v is None else round(v, 2) for k, v in recovered.items()},
+        "after": by_status(after_outcomes),
+        "after r": after["r"],
+    }
+    print(report)
+
+    assert healthy["r"] == RPM and by_status(healthy_outcomes) == {200: RPM, 429: len(healthy_outcomes) - RPM}, report
+    # Slow: the fail mode applies, and nothing else.
+    assert by_status(slow_open) == {200: len(slow_open)}, report
+    assert not any(o.counted for o in slow_open), report
+    assert by_status(slow_closed) == {503: len(slow_closed)}, report
+    assert all(o.retry_after == "1" for o in slow_closed)
+    burst_open = [o for o in burst if o.replica == open_.name]
+    burst_closed = [o for o in burst if o.replica == closed.name]
+    assert by_status(burst_open) == {200: BURST} and by_status(burst_closed) == {503: BURST}, report
+    # Bounded by the timeout, not by the number of requests.
+    assert max(o.latency for o in slow_outcomes) <= base_worst + TIMEOUT_S + SLACK_S, report
+    assert max(o.latency for o in burst) <= max(o.latency for o in healthy_burst) + TIMEOUT_S + SLACK_S, report
+    cycles = math.ceil(SLOW_S / RETRY_AFTER_S) + 1
+    per_cycle = math.ceil(TIMEOUT_S / INTERVAL_S) + 1  # requests arriving while one timeout runs
+    assert len(waited) <= 2 * cycles * per_cycle, report  # 2 replicas
+    assert len(waited) < len(slow_outcomes) / 2, report
+    # Healed: counting again within a breaker cool-down plus a timeout.
+    for name, seconds in recovered.items():
+        assert seconds is not None and seconds <= RETRY_AFTER_S + TIMEOUT_S + SLACK_S, (name, report)
+    assert after["r"] == RPM and by_status(after_outcomes) == {200: RPM, 429: len(after_outcomes) - RPM}, report
+    assert keys_without_ttl(sync, PREFIX) == []
+    sync.close()
+
+
+def recovery_times(outcomes: list[Outcome], healed_at: float) -> dict[str, float | None]:
+    """Per replica: seconds from ``healed_at`` to the first request from which on every answer is decided in
+    Redis (a counted 200 or a 429) for at least a second; None if not yet."""
+    out: dict[str, float | None] = {}
+    for replica in sorted({o.replica for o in outcomes}):
+        mine = sorted((o for o in outcomes if o.replica == replica), key=lambda o: o.sent)
+        good_from: float | None = None
+        for o in mine:
+            decided_in_redis = o.counted or o.status == 429
+            if not decided_in_redis:
+                good_from = None
+            elif good_from is None:
+                good_from = o.sent
+        last = mine[-1].sent if mine else 0.0
+        out[replica] = good_from - healed_at if good_from is not None and last - good_from >= 1.0 else None
+    return out
