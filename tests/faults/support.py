@@ -16,7 +16,6 @@ adds ``x-litellm-saturation`` only to an admission it decided in Redis (a fail-o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -34,12 +33,13 @@ from tests.e2e.harness import LiteLLMProxy, chat_body
 __all__ = [
     "ERROR",
     "REFUSED",
+    "Load",
     "Outcome",
-    "Phase",
     "Recorder",
     "by_status",
     "keys_without_ttl",
     "read_window",
+    "recovery_times",
     "send_one",
     "sigkill",
     "steady",
@@ -127,17 +127,6 @@ async def steady(
         await asyncio.sleep(interval_s)
 
 
-@dataclass(frozen=True, slots=True)
-class Phase:
-    """One window's worth of load: the window as Redis holds it once the phase is over."""
-
-    window_start_ms: int
-    requests: int
-    """The window's request counter (``r``): every admission decided in it, whoever served it."""
-    sent_from: float
-    sent_to: float
-
-
 def read_window(client: redis.Redis, keys: KeySpace, model_group: str) -> dict[str, int]:
     raw: dict[bytes, bytes] = client.hgetall(keys.admission_window(model_group))  # type: ignore[assignment]
     return {key.decode(): int(value) for key, value in raw.items()}
@@ -171,11 +160,100 @@ async def wait_until(check: Callable[[], Awaitable[bool]], timeout_s: float, ste
         await asyncio.sleep(step_s)
 
 
-@contextlib.asynccontextmanager
-async def clients_for(proxies: Sequence[LiteLLMProxy]) -> Any:
-    async with contextlib.AsyncExitStack() as stack:
-        yield [await stack.enter_async_context(proxy.async_client()) for proxy in proxies]
+def recovery_times(outcomes: Iterable[Outcome], healed_at: float, hold_s: float = 1.0) -> dict[str, float | None]:
+    """Per replica: seconds from ``healed_at`` to the first request from which on every answer was decided in
+    Redis (a counted 200 or a 429) for at least ``hold_s``; None if not (yet)."""
+    outcomes = list(outcomes)
+    out: dict[str, float | None] = {}
+    for replica in sorted({o.replica for o in outcomes}):
+        mine = sorted((o for o in outcomes if o.replica == replica), key=lambda o: o.sent)
+        good_from: float | None = None
+        for o in mine:
+            decided_in_redis = o.counted or o.status == 429
+            if not decided_in_redis:
+                good_from = None
+            elif good_from is None:
+                good_from = o.sent
+        last = mine[-1].sent if mine else 0.0
+        out[replica] = good_from - healed_at if good_from is not None and last - good_from >= hold_s else None
+    return out
 
 
-def body(model: str) -> dict[str, Any]:
-    return chat_body(model)
+@dataclass(frozen=True, slots=True)
+class Load:
+    """The load of one test: its model group, window and pacing (see the module docstring)."""
+
+    prefix: str
+    model: str
+    window_s: float
+    interval_s: float = 0.1
+    guard_s: float = 0.8
+
+    @property
+    def keys(self) -> KeySpace:
+        return KeySpace(self.prefix)
+
+    def window(self, sync: redis.Redis) -> dict[str, int]:
+        return read_window(sync, self.keys, self.model)
+
+    async def until_window_ends(self, sync: redis.Redis) -> None:
+        """Sleep until the live window (if any) has ended."""
+        counters = self.window(sync)
+        if counters:
+            await asyncio.sleep(max(0.0, counters["start"] / 1000 + self.window_s + 0.05 - time.time()))
+
+    async def window_phase(
+        self, targets: Sequence[tuple[LiteLLMProxy, httpx.AsyncClient]], recorder: Recorder, sync: redis.Redis
+    ) -> tuple[dict[str, int], list[Outcome]]:
+        """One window of steady load, started by its first request (the previous window must have ended):
+        the window's final counters and what clients saw."""
+        began = time.time()
+        tasks: set[asyncio.Task[Outcome]] = set()
+        await steady(
+            targets,
+            chat_body(self.model),
+            recorder,
+            until=began + self.window_s - self.guard_s,
+            interval_s=self.interval_s,
+            tasks=tasks,
+        )
+        await asyncio.gather(*tasks)
+        counters = self.window(sync)
+        assert counters["start"] >= began * 1000 - 50, "the phase did not start a new window"
+        await self.until_window_ends(sync)
+        final = self.window(sync)
+        assert final["start"] == counters["start"], "a request was decided after the phase's window"
+        return final, recorder.between(began, time.time())
+
+    async def until_recovered(
+        self,
+        targets: Sequence[tuple[LiteLLMProxy, httpx.AsyncClient]],
+        recorder: Recorder,
+        healed_at: float,
+        timeout_s: float = 10.0,
+    ) -> dict[str, float | None]:
+        """Steady load from now until every replica decides in Redis again (see :func:`recovery_times`), at most
+        ``timeout_s``; returns the seconds each took from ``healed_at``."""
+        tasks: set[asyncio.Task[Outcome]] = set()
+        stop = asyncio.Event()
+        load = asyncio.create_task(
+            steady(
+                targets,
+                chat_body(self.model),
+                recorder,
+                until=time.time() + timeout_s,
+                interval_s=self.interval_s,
+                tasks=tasks,
+                stop=stop,
+            )
+        )
+        names = [proxy.name for proxy, _ in targets]
+        while not load.done():
+            await asyncio.sleep(0.2)
+            recovered = recovery_times(recorder.between(healed_at, time.time()), healed_at)
+            if all(recovered.get(name) is not None for name in names):
+                break
+        stop.set()
+        await load
+        await asyncio.gather(*tasks)
+        return recovery_times(recorder.between(healed_at, time.time()), healed_at)

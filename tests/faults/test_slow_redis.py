@@ -37,10 +37,9 @@ from typing import Any
 import pytest
 import redis
 
-from litellm_ratebalance.store.keys import KeySpace
 from tests.e2e.harness import LiteLLMProxy, chat_body, litellm_binary, mock_deployment, start_all, stop_all
 from tests.faults.delay_proxy import DelayProxy
-from tests.faults.support import Outcome, Recorder, by_status, keys_without_ttl, read_window, send_one, steady
+from tests.faults.support import Load, Outcome, Recorder, by_status, keys_without_ttl, send_one, steady
 from tests.servers import RedisServer
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
@@ -49,8 +48,7 @@ PREFIX = "faults-slow"
 MODEL = "slow"
 RPM = 15
 WINDOW_S = 3
-GUARD_S = 0.8
-INTERVAL_S = 0.1
+LOAD = Load(PREFIX, MODEL, WINDOW_S)
 TIMEOUT_S = 0.25
 RETRY_AFTER_S = 1.0
 DELAY_S = 0.5
@@ -102,24 +100,6 @@ def replicas(slow_link: DelayProxy) -> Iterator[list[LiteLLMProxy]]:
         stop_all(pair)
 
 
-async def window_phase(
-    targets: list[tuple[LiteLLMProxy, Any]], recorder: Recorder, sync: redis.Redis
-) -> tuple[dict[str, int], float]:
-    """One window of steady load from its first request; returns the window's final counters."""
-    began = time.time()
-    tasks: set[asyncio.Task[Outcome]] = set()
-    await steady(
-        targets, chat_body(MODEL), recorder, until=began + WINDOW_S - GUARD_S, interval_s=INTERVAL_S, tasks=tasks
-    )
-    await asyncio.gather(*tasks)
-    counters = read_window(sync, KeySpace(PREFIX), MODEL)
-    assert counters["start"] >= began * 1000 - 50, "the phase did not start a new window"
-    await asyncio.sleep(max(0.0, counters["start"] / 1000 + WINDOW_S + 0.05 - time.time()))
-    final = read_window(sync, KeySpace(PREFIX), MODEL)
-    assert final["start"] == counters["start"]
-    return final, began
-
-
 async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
     replicas: list[LiteLLMProxy], slow_link: DelayProxy, own_redis: RedisServer
 ) -> None:
@@ -134,17 +114,14 @@ async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
             *(send_one(c, p, chat_body(MODEL), Recorder()) for p, c in targets for _ in range(BURST))
         )
         await asyncio.sleep(WINDOW_S + 0.1)
-        healthy, began_healthy = await window_phase(targets, recorder, sync)
-        healthy_outcomes = recorder.between(began_healthy, time.time())
+        healthy, healthy_outcomes = await LOAD.window_phase(targets, recorder, sync)
 
-        # Slow: steady load plus one burst per replica in the middle.
+        # Slow: steady load.
         slow_link.delay_s = DELAY_S
         slow_from = time.time()
         tasks: set[asyncio.Task[Outcome]] = set()
-        load = asyncio.create_task(
-            steady(targets, chat_body(MODEL), recorder, until=slow_from + SLOW_S, interval_s=INTERVAL_S, tasks=tasks)
-        )
-        await load
+        until = slow_from + SLOW_S
+        await steady(targets, chat_body(MODEL), recorder, until=until, interval_s=LOAD.interval_s, tasks=tasks)
         await asyncio.gather(*tasks)
         slow_outcomes = recorder.between(slow_from, time.time())
         # Still slow: a burst, once the breaker has closed again (the first request of it pays the timeout).
@@ -155,30 +132,12 @@ async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
         healed_at = time.time()
         slow_link.delay_s = 0.0
 
-        # Healed: the load goes on until every request of a whole second is counted on both replicas.
-        tasks = set()
-        stop = asyncio.Event()
-        load = asyncio.create_task(
-            steady(
-                targets, chat_body(MODEL), recorder, until=healed_at + 10, interval_s=INTERVAL_S, tasks=tasks, stop=stop
-            )
-        )
-        while time.time() < healed_at + 10:
-            await asyncio.sleep(0.2)
-            recovered = recovery_times(recorder.between(healed_at, time.time()), healed_at)
-            if all(recovered.get(p.name) is not None for p in (open_, closed)):
-                break
-        stop.set()
-        await load
-        await asyncio.gather(*tasks)
-        recovered = recovery_times(recorder.between(healed_at, time.time()), healed_at)
+        # Healed: the load goes on until every answer of a whole second is decided in Redis on both replicas.
+        recovered = await LOAD.until_recovered(targets, recorder, healed_at)
 
         # A fresh window: the limit holds exactly again.
-        await asyncio.sleep(
-            max(0.0, read_window(sync, KeySpace(PREFIX), MODEL)["start"] / 1000 + WINDOW_S + 0.05 - time.time())
-        )
-        after, began_after = await window_phase(targets, recorder, sync)
-        after_outcomes = recorder.between(began_after, time.time())
+        await LOAD.until_window_ends(sync)
+        after, after_outcomes = await LOAD.window_phase(targets, recorder, sync)
 
     base_worst = max(o.latency for o in healthy_outcomes)
     base_median = statistics.median(o.latency for o in healthy_outcomes)
@@ -220,7 +179,7 @@ async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
     assert max(o.latency for o in slow_outcomes) <= base_worst + TIMEOUT_S + SLACK_S, report
     assert max(o.latency for o in burst) <= max(o.latency for o in healthy_burst) + TIMEOUT_S + SLACK_S, report
     cycles = math.ceil(SLOW_S / RETRY_AFTER_S) + 1
-    per_cycle = math.ceil(TIMEOUT_S / INTERVAL_S) + 1  # requests arriving while one timeout runs
+    per_cycle = math.ceil(TIMEOUT_S / LOAD.interval_s) + 1  # requests arriving while one timeout runs
     assert len(waited) <= 2 * cycles * per_cycle, report  # 2 replicas
     assert len(waited) < len(slow_outcomes) / 2, report
     # Healed: counting again within a breaker cool-down plus a timeout.
@@ -229,21 +188,3 @@ async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
     assert after["r"] == RPM and by_status(after_outcomes) == {200: RPM, 429: len(after_outcomes) - RPM}, report
     assert keys_without_ttl(sync, PREFIX) == []
     sync.close()
-
-
-def recovery_times(outcomes: list[Outcome], healed_at: float) -> dict[str, float | None]:
-    """Per replica: seconds from ``healed_at`` to the first request from which on every answer is decided in
-    Redis (a counted 200 or a 429) for at least a second; None if not yet."""
-    out: dict[str, float | None] = {}
-    for replica in sorted({o.replica for o in outcomes}):
-        mine = sorted((o for o in outcomes if o.replica == replica), key=lambda o: o.sent)
-        good_from: float | None = None
-        for o in mine:
-            decided_in_redis = o.counted or o.status == 429
-            if not decided_in_redis:
-                good_from = None
-            elif good_from is None:
-                good_from = o.sent
-        last = mine[-1].sent if mine else 0.0
-        out[replica] = good_from - healed_at if good_from is not None and last - good_from >= 1.0 else None
-    return out
