@@ -127,7 +127,8 @@ async def steady(
         await asyncio.sleep(interval_s)
 
 
-def read_window(client: redis.Redis, keys: KeySpace, model_group: str) -> dict[str, int]:
+def read_window(client: redis.Redis | redis.RedisCluster, keys: KeySpace, model_group: str) -> dict[str, int]:
+    """The window hash of ``model_group`` (a sync client without ``decode_responses``, plain or cluster)."""
     raw: dict[bytes, bytes] = client.hgetall(keys.admission_window(model_group))  # type: ignore[assignment]
     return {key.decode(): int(value) for key, value in raw.items()}
 
@@ -193,17 +194,20 @@ class Load:
     def keys(self) -> KeySpace:
         return KeySpace(self.prefix)
 
-    def window(self, sync: redis.Redis) -> dict[str, int]:
+    def window(self, sync: redis.Redis | redis.RedisCluster) -> dict[str, int]:
         return read_window(sync, self.keys, self.model)
 
-    async def until_window_ends(self, sync: redis.Redis) -> None:
+    async def until_window_ends(self, sync: redis.Redis | redis.RedisCluster) -> None:
         """Sleep until the live window (if any) has ended."""
         counters = self.window(sync)
         if counters:
             await asyncio.sleep(max(0.0, counters["start"] / 1000 + self.window_s + 0.05 - time.time()))
 
     async def window_phase(
-        self, targets: Sequence[tuple[LiteLLMProxy, httpx.AsyncClient]], recorder: Recorder, sync: redis.Redis
+        self,
+        targets: Sequence[tuple[LiteLLMProxy, httpx.AsyncClient]],
+        recorder: Recorder,
+        sync: redis.Redis | redis.RedisCluster,
     ) -> tuple[dict[str, int], list[Outcome]]:
         """One window of steady load, started by its first request (the previous window must have ended):
         the window's final counters and what clients saw."""
