@@ -1,0 +1,139 @@
+"""The Redis master of a Sentinel set is killed under steady load over the limit; the replica is promoted.
+
+A master, a replica and three sentinels (tests/faults/sentinel.py), and two real ``litellm`` proxies that reach
+Redis the LiteLLM way: ``litellm_settings.cache_params`` with ``sentinel_nodes`` and ``service_name`` (response
+caching left off with ``mode: default_off``), so the store runs on LiteLLM's Sentinel-managed client. Replica
+``open`` has ``fail_mode: open``, replica ``closed`` ``fail_mode: closed``; both count the same model group.
+
+Phases: a healthy window (exactly ``RPM`` admitted); SIGKILL of the master, steady load on until both replicas
+count through Redis again; a fresh window on the new master (exactly ``RPM`` admitted again).
+
+What must hold (asserted below):
+
+* during the switch the fail mode applies: ``open`` serves (uncounted), ``closed`` answers 503 with
+  ``retry-after``; no other status than 200, 429 and (``closed`` only) 503;
+* limits hold again within seconds: both replicas count through Redis again within
+  ``store_retry_after_seconds`` (+ slack) of the sentinels naming the new master;
+* the fresh window admits exactly ``RPM``, on the promoted replica, whose keys of ours all have a TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from tests.e2e.harness import LiteLLMProxy, litellm_binary, mock_deployment, start_all, stop_all
+from tests.faults.sentinel import SERVICE, SentinelSet
+from tests.faults.support import Load, Recorder, by_status, keys_without_ttl
+
+pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
+
+PREFIX = "faults-sentinel"
+MODEL = "sentinel"
+RPM = 15
+WINDOW_S = 3
+LOAD = Load(PREFIX, MODEL, WINDOW_S)
+TIMEOUT_S = 0.5
+RETRY_AFTER_S = 0.5
+SLACK_S = 1.5
+"""The sentinels' view and a replica's first new connection are not simultaneous; on 2 shared cores."""
+
+
+@pytest.fixture(scope="module")
+def redis_set() -> Iterator[SentinelSet]:
+    with SentinelSet() as sentinels:
+        yield sentinels
+
+
+def config(redis_set: SentinelSet, fail_mode: str) -> dict[str, Any]:
+    return {
+        "model_list": [mock_deployment(MODEL, rpm=RPM)],
+        "litellm_settings": {
+            "callbacks": ["litellm_ratebalance.rate_limiter"],
+            "cache": True,
+            "cache_params": {
+                "type": "redis",
+                "mode": "default_off",
+                "sentinel_nodes": redis_set.sentinel_nodes,
+                "service_name": SERVICE,
+            },
+            "ratebalance": {
+                "key_prefix": PREFIX,
+                "fail_mode": fail_mode,
+                "store_timeout_seconds": TIMEOUT_S,
+                "store_retry_after_seconds": RETRY_AFTER_S,
+                "fault_log_interval_seconds": 3600,
+                "limiter": {"window_seconds": WINDOW_S},
+            },
+        },
+        "router_settings": {"num_retries": 0},
+    }
+
+
+@pytest.fixture(scope="module")
+def replicas(redis_set: SentinelSet) -> Iterator[list[LiteLLMProxy]]:
+    if litellm_binary() is None:
+        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
+    pair = [LiteLLMProxy(config(redis_set, mode), name=mode) for mode in ("open", "closed")]
+    try:
+        yield start_all(pair)
+    finally:
+        stop_all(pair)
+
+
+async def test_master_killed_the_replica_takes_over(redis_set: SentinelSet, replicas: list[LiteLLMProxy]) -> None:
+    open_, closed = replicas
+    recorder = Recorder()
+    old_port = redis_set.master_port()
+    sync = redis.Redis(host="127.0.0.1", port=old_port, socket_timeout=2)
+    async with open_.async_client() as client_open, closed.async_client() as client_closed:
+        targets = [(open_, client_open), (closed, client_closed)]
+        healthy, healthy_outcomes = await LOAD.window_phase(targets, recorder, sync)
+        sync.close()
+
+        killed_at = time.time()
+        redis_set.kill_master()
+        failover = asyncio.create_task(asyncio.to_thread(redis_set.wait_for_new_master, old_port))
+        recovered = await LOAD.until_recovered(targets, recorder, killed_at, timeout_s=30.0)
+        failover_s = await failover
+        switch_outcomes = recorder.between(killed_at, killed_at + max(v or 0.0 for v in recovered.values()))
+
+        new_port = redis_set.master_port()
+        sync = redis.Redis(host="127.0.0.1", port=new_port, socket_timeout=2)
+        await LOAD.until_window_ends(sync)
+        after, after_outcomes = await LOAD.window_phase(targets, recorder, sync)
+
+    switch_open = [o for o in switch_outcomes if o.replica == open_.name]
+    switch_closed = [o for o in switch_outcomes if o.replica == closed.name]
+    report = {
+        "healthy": (by_status(healthy_outcomes), healthy["r"]),
+        "master port old/new": (old_port, new_port),
+        "sentinels named the new master after (s)": round(failover_s, 2),
+        "counting again after the kill (s)": {k: None if v is None else round(v, 2) for k, v in recovered.items()},
+        "switch open": by_status(switch_open),
+        "switch open counted": sum(o.counted for o in switch_open),
+        "switch closed": by_status(switch_closed),
+        "after": (by_status(after_outcomes), after["r"]),
+    }
+    print(report)
+
+    assert healthy["r"] == RPM and by_status(healthy_outcomes)[200] == RPM, report
+    assert new_port == redis_set.replica.port != old_port
+    # During the switch: the fail mode, and nothing else.
+    assert set(by_status(switch_open)) <= {200, 429}, report
+    assert any(not o.counted for o in switch_open if o.status == 200), report  # served without the store
+    assert set(by_status(switch_closed)) <= {200, 429, 503} and by_status(switch_closed).get(503, 0) > 0, report
+    assert all(o.retry_after == "1" for o in switch_closed if o.status == 503)
+    # Within seconds of the sentinels' switch, every replica counts on the new master.
+    for name, seconds in recovered.items():
+        assert seconds is not None and seconds <= failover_s + RETRY_AFTER_S + SLACK_S, (name, report)
+    assert after["r"] == RPM and by_status(after_outcomes) == {200: RPM, 429: len(after_outcomes) - RPM}, report
+    assert all(o.counted for o in after_outcomes if o.status == 200)
+    assert sync.pttl(LOAD.keys.admission_window(MODEL)) > 0
+    assert keys_without_ttl(sync, PREFIX) == []
+    sync.close()
