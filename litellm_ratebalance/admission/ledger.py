@@ -25,10 +25,12 @@ One call, :meth:`AdmissionLedger.acquire`, does in order:
    **Headroom.** The requests still in flight when a saturated window ends are mostly the long ones (a
    long answer stays in flight longer), so their corrections come out positive: a window that admits up
    to its tpm ends above it by about the same amount each time. So each model group learns that amount:
-   at the roll-over after next, when a saturated window's corrections are in, ``headroom`` moves halfway
-   towards what that window ended above the limit it admitted against (``tpm - headroom``), within
+   at the roll-over after next, when a saturated window's corrections are in, ``headroom`` moves
+   ``HEADROOM_WEIGHT`` of the way towards what that window ended above the limit it admitted against
+   (``tpm - headroom``), within
    ``0 .. HEADROOM_CAP x tpm``; new reservations leave it free. A window is *saturated* when it refused a
-   request for the model's tokens.
+   request for the model's tokens. (While the headroom is still being learned, a window pays both for
+   the carry of the one before and for the headroom: the weight is small so that this dip stays small.)
 3. **Decide** the request (:func:`~litellm_ratebalance.admission.policy.decide`) with its cost: its fixed
    tokens plus, when its output is estimated, ``min(cap, estimate)``, keeping the headroom free; reserve it
    if admitted.
@@ -54,7 +56,7 @@ from litellm_ratebalance.admission.policy import (
 
 __all__ = ["HEADROOM_CAP", "HEADROOM_WEIGHT", "AdmissionLedger", "LedgerResult", "RequestCost", "WindowState"]
 
-HEADROOM_WEIGHT = 0.5
+HEADROOM_WEIGHT = 0.3
 """How far the headroom moves towards a saturated window's measured overshoot at each update."""
 HEADROOM_CAP = 0.2
 """The headroom never exceeds this share of the tpm."""

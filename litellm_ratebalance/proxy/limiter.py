@@ -23,12 +23,13 @@ and a success after a failed attempt still records its usage.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
@@ -94,6 +95,8 @@ class _Derived:
     reservations: dict[str, float | Mapping[str, object]]
     field_of: dict[str, str]
     window_ms: int
+    limits: dict[tuple[int | None, int | None, str | None], AdmissionLimits] = field(default_factory=dict)
+    """Built limits by (model rpm, model tpm, priority)."""
 
 
 class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
@@ -113,6 +116,10 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         self._derived: _Derived | None = None
         self._capacity: CapacityCache | None = None
         self._tickets: OrderedDict[str, _Ticket] = OrderedDict()
+        # Ticket ids only need to be unique among this instance's open tickets (and not collide with a
+        # copy of another process's metadata): a random prefix and a counter, cheaper than a uuid each.
+        self._ticket_prefix = uuid.uuid4().hex[:12] + "-"
+        self._ticket_numbers = itertools.count()
         self._settles = SettleQueue(self._flush)
         self._admissions = metrics.counter(
             "admission_decisions",
@@ -160,8 +167,15 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         return derived
 
     def _limits(self, derived: _Derived, capacity: Capacity, priority: str | None) -> AdmissionLimits:
+        # The same for every request of one pool while the settings and the capacity stay: built once.
+        key = (capacity.rpm, capacity.tpm, priority)
+        found = derived.limits.get(key)
+        if found is not None:
+            return found
+        if len(derived.limits) >= 4096:  # capacities change rarely; bounded anyway
+            derived.limits.clear()
         prs = derived.settings.priority_reservation_settings
-        return build_limits(
+        found = derived.limits[key] = build_limits(
             rpm=capacity.rpm,
             tpm=capacity.tpm,
             priority=priority,
@@ -171,6 +185,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             lendable=derived.settings.ratebalance.limiter.lendable,
             field_of=derived.field_of,
         )
+        return found
 
     # -- hooks ----------------------------------------------------------------------------------------
     async def async_pre_call_hook(
@@ -262,7 +277,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
                 model_group, priority_label, "admitted", ""
             )
         admitted.inc()
-        ticket_id = uuid.uuid4().hex
+        ticket_id = f"{self._ticket_prefix}{next(self._ticket_numbers)}"
         learn_beyond = cost.fixed if cost.output_cap is not None else None
         # Late corrections still count (carried into the current window): keep tickets past their window.
         expires_at = time.monotonic() + max(2 * derived.window_ms / 1000, _MIN_TICKET_SECONDS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,7 +14,7 @@ from litellm_ratebalance.admission.estimate import (
     estimate_from_histogram,
     reserved_output,
 )
-from litellm_ratebalance.admission.ledger import AdmissionLedger, RequestCost, next_headroom
+from litellm_ratebalance.admission.ledger import HEADROOM_WEIGHT, AdmissionLedger, RequestCost, next_headroom
 from litellm_ratebalance.admission.policy import AdmissionLimits, RejectReason
 
 W = 60_000
@@ -198,10 +199,11 @@ def test_a_batch_aggregates_by_window_and_pool() -> None:
     assert list(out.delta_items()) == []
 
 
-def test_headroom_moves_halfway_towards_a_saturated_windows_overshoot_within_its_cap() -> None:
-    assert next_headroom(0.0, 1200, 1000) == 100.0
-    assert next_headroom(100.0, 1000, 1000) == 100.0  # ended at limit - 100 + 100: the headroom was right
-    assert next_headroom(100.0, 850, 1000) == 25.0
+def test_headroom_moves_part_way_towards_a_saturated_windows_overshoot_within_its_cap() -> None:
+    assert HEADROOM_WEIGHT == 0.3  # the figures below
+    assert next_headroom(0.0, 1200, 1000) == pytest.approx(60.0)
+    assert next_headroom(100.0, 1000, 1000) == pytest.approx(100.0)  # ended at limit + 100: it was right
+    assert next_headroom(100.0, 850, 1000) == pytest.approx(55.0)
     assert next_headroom(10.0, 500, 1000) == 0.0  # never negative
     assert next_headroom(0.0, 5000, 1000) == 200.0  # at most HEADROOM_CAP x tpm
 
@@ -215,13 +217,13 @@ def test_the_headroom_is_learned_from_the_saturated_window_before_last() -> None
     second = ledger.acquire("m", limits(), RequestCost(10), now_ms=W, window_ms=W)
     assert second.window.prev_full and second.headroom == 0.0  # corrections may still come: not yet
     third = ledger.acquire("m", limits(), RequestCost(850), now_ms=2 * W, window_ms=W)
-    assert third.headroom == 100.0 and third.decision.admitted
-    # 850 + 60 fits the tpm but not the headroom the last saturated window showed was needed.
-    assert ledger.acquire("m", limits(), RequestCost(60), now_ms=2 * W + 1, window_ms=W).decision.reason is (
+    assert third.headroom == pytest.approx(60.0) and third.decision.admitted
+    # 850 + 100 fits the tpm but not the headroom the last saturated window showed was needed.
+    assert ledger.acquire("m", limits(), RequestCost(100), now_ms=2 * W + 1, window_ms=W).decision.reason is (
         RejectReason.MODEL_TOKENS
     )
-    # That window ended at 850, 50 under what it admitted against: the headroom comes down halfway.
+    # That window ended at 850, 90 under what it admitted against (940): the headroom comes down.
     ledger.acquire("m", limits(), RequestCost(1), now_ms=3 * W, window_ms=W)
-    assert ledger.acquire("m", limits(), RequestCost(1), now_ms=4 * W, window_ms=W).headroom == 25.0
+    assert ledger.acquire("m", limits(), RequestCost(1), now_ms=4 * W, window_ms=W).headroom == pytest.approx(15.0)
     # A window that was never saturated teaches nothing.
-    assert ledger.acquire("m", limits(), RequestCost(1), now_ms=5 * W, window_ms=W).headroom == 25.0
+    assert ledger.acquire("m", limits(), RequestCost(1), now_ms=5 * W, window_ms=W).headroom == pytest.approx(15.0)
