@@ -5,12 +5,12 @@ keys in its ``model_list`` (exit 0, or 78 with key paths); it does not import Li
 ``status --config CONFIG [--redis-url URL [--cluster]] [--json] [--model GROUP]...``  what the shared store holds now
 ``dashboard``  print the Grafana dashboard of our metrics (JSON, packaged with the wheel) to import
 
-``status`` exit codes: 0 shown; 1 the store could not be read (Redis unreachable, timeout); 2 bad usage
-(e.g. an unknown ``--model``); 3 nothing to read (the config names no Redis: the proxy then keeps its
-state in process, out of reach of this command; or its Redis is a Sentinel set: pass the master's URL with
-``--redis-url``); 78 invalid config. A Redis Cluster is read through its startup nodes (``cache_params.
-redis_startup_nodes`` or ``REDIS_CLUSTER_NODES``, as LiteLLM takes them), or ``--redis-url`` of one node with
-``--cluster``.
+``status`` exit codes: 0 shown; 1 the store could not be read (Redis unreachable, timeout, no sentinel
+naming a master); 2 bad usage (e.g. an unknown ``--model``); 3 nothing to read (the config names no Redis:
+the proxy then keeps its state in process, out of reach of this command); 78 invalid config. A Redis Cluster
+is read through its startup nodes (``cache_params.redis_startup_nodes`` or ``REDIS_CLUSTER_NODES``, as
+LiteLLM takes them), or ``--redis-url`` of one node with ``--cluster``; a Sentinel set through the master its
+sentinels name now (``cache_params.sentinel_nodes`` and ``service_name``, or ``REDIS_SENTINEL_NODES``).
 
 No command needs the network beyond the Redis it reads: ``status`` imports LiteLLM (its Router gives the
 deployments their ids) with LiteLLM's bundled model cost map, unless ``LITELLM_LOCAL_MODEL_COST_MAP`` is set
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from litellm_ratebalance.errors import ConfigurationError, StoreError
+from litellm_ratebalance.errors import ConfigurationError, StoreError, redact
 
 __all__ = ["main"]
 
@@ -144,19 +144,19 @@ async def _status(args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    if target.sentinel and target.url is None:
+        try:
+            target = await status.locate_sentinel_master(target, args.timeout)
+        except StoreError as exc:
+            print(f"cannot read the store ({target.source}): {redact(str(exc))}", file=sys.stderr)
+            return EXIT_STORE
     url, source = target.url, target.source
     if url is None:
-        if target.sentinel:
-            print(
-                f"{args.config}: nothing to show: {source}. Pass --redis-url with the current master's URL.",
-                file=sys.stderr,
-            )
-        else:
-            print(
-                f"{args.config}: nothing to show: {source}, so the proxy keeps its counters in its own process "
-                "(the embedded store), which this command cannot read. Pass --redis-url, or configure a Redis.",
-                file=sys.stderr,
-            )
+        print(
+            f"{args.config}: nothing to show: {source}, so the proxy keeps its counters in its own process "
+            "(the embedded store), which this command cannot read. Pass --redis-url, or configure a Redis.",
+            file=sys.stderr,
+        )
         return EXIT_NO_STORE
     try:
         password = urlsplit(url).password

@@ -7,8 +7,9 @@ Two halves:
   :func:`format_table`, :func:`mask_url`.
 * **I/O**: :func:`load_proxy_config` (config.yaml), :func:`config_deployments` (deployment ids by
   LiteLLM's own rule: ``model_info.id``, else the hash ``litellm.Router`` derives from the params, so they
-  match what the proxy records), :func:`resolve_redis` (where the proxy's Redis is), :func:`collect`
-  (reads the store).
+  match what the proxy records), :func:`resolve_redis` (where the proxy's Redis is),
+  :func:`locate_sentinel_master` (the current master of a Sentinel set, asked of its sentinels),
+  :func:`collect` (reads the store).
 
 JSON output (``--json``), schema 1; keys are stable, new keys may be added::
 
@@ -46,6 +47,7 @@ the store holds the in-flight leases of all replicas, so status shows in flight 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import math
@@ -80,11 +82,13 @@ __all__ = [
     "PoolStatus",
     "ProxyConfig",
     "RedisTarget",
+    "SentinelSet",
     "StatusReport",
     "collect",
     "format_table",
     "group_status",
     "load_proxy_config",
+    "locate_sentinel_master",
     "mask_url",
     "report_json",
     "resolve_redis",
@@ -663,12 +667,28 @@ def _url_from_parts(
     return f"{scheme}://{auth}{host}:{port or 6379}{path}"
 
 
+@dataclass(frozen=True, slots=True)
+class SentinelSet:
+    """A Sentinel-managed Redis as LiteLLM's client reaches it: the sentinels to ask, the service name, and the
+    credentials of the data nodes and of the sentinels (LiteLLM connects to the sentinels with the data
+    nodes' connection settings, the password replaced by ``sentinel_password``)."""
+
+    nodes: tuple[tuple[str, int], ...]
+    service_name: str
+    password: str | None = field(default=None, repr=False)
+    username: str | None = None
+    ssl: bool = False
+    db: int | None = None
+    sentinel_password: str | None = field(default=None, repr=False)
+
+
 class RedisTarget(NamedTuple):
     """Where the proxy's Redis is, as :func:`resolve_redis` finds it."""
 
     url: str | None
     """A plain Redis: its URL. A Redis Cluster: the URL of one startup node, which carries the auth and TLS of
-    every node. None: nothing this command can read (``source`` says why)."""
+    every node. A Sentinel set: the current master's, once :func:`locate_sentinel_master` asked (None before).
+    None otherwise: nothing this command can read (``source`` says why)."""
     source: str
     """Where it came from (a config key or variable), or why there is nothing to read."""
     cluster: bool = False
@@ -676,7 +696,8 @@ class RedisTarget(NamedTuple):
     other_nodes: tuple[tuple[str, int], ...] = ()
     """A Redis Cluster's further startup nodes (host, port), besides ``url``'s."""
     sentinel: bool = False
-    """The proxy's Redis is a Sentinel set (``url`` is None): this command does not ask sentinels for the master."""
+    """The proxy's Redis is a Sentinel set (``sentinel_set``): its master is found by asking the sentinels."""
+    sentinel_set: SentinelSet | None = None
 
     def masked(self) -> str:
         """``url`` with its password masked (:func:`mask_url`), a cluster's other startup nodes appended as
@@ -720,21 +741,112 @@ def _cluster_target(
     return RedisTarget(url, source, cluster=True, other_nodes=nodes[1:])
 
 
-_SENTINEL_REASON = (
-    "the proxy's Redis is a Sentinel set ({where}), and this command does not ask sentinels for the master"
-)
+def _sentinel_nodes(value: object, where: str) -> tuple[tuple[str, int], ...]:
+    """Sentinel nodes as LiteLLM takes them (``[[host, port], ...]``, or that list as JSON text, as in
+    ``REDIS_SENTINEL_NODES``); ConfigurationError naming ``where`` when they are not that."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ConfigurationError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(value, list) or not value:
+        raise ConfigurationError(f"{where}: must be a non-empty list of [host, port 1..65535] pairs (got {value!r})")
+    nodes: list[tuple[str, int]] = []
+    for i, item in enumerate(value):
+        pair = list(item) if isinstance(item, (list, tuple)) else []
+        host, port = (pair[0], pair[1]) if len(pair) == 2 else (None, None)
+        try:
+            number = int(port) if isinstance(port, (int, str)) and not isinstance(port, bool) else None
+        except ValueError:
+            number = None
+        if not isinstance(host, str) or not host or number is None or not 1 <= number <= 65535:
+            raise ConfigurationError(f"{where}[{i}]: must be a [host, port 1..65535] pair (got {item!r})")
+        nodes.append((host, number))
+    return tuple(nodes)
+
+
+def _truthy(value: object) -> bool:
+    return str(_resolve_env(value)).lower() in ("true", "1")
+
+
+def _sentinel_target(params: Mapping[str, Any], password: object, username: object, ssl: object) -> RedisTarget:
+    env = os.environ.get
+    if params.get("sentinel_nodes"):
+        where = "litellm_settings.cache_params.sentinel_nodes"
+        nodes = _sentinel_nodes(_resolve_env(params["sentinel_nodes"]), where)
+    else:
+        where = "REDIS_SENTINEL_NODES"
+        nodes = _sentinel_nodes(env(where), where)
+    service = _resolve_env(params.get("service_name")) or env("REDIS_SERVICE_NAME")
+    if not isinstance(service, str) or not service:
+        # (LiteLLM builds its Sentinel client only with both; without a service name it is not a Sentinel client)
+        raise ConfigurationError(
+            f"litellm_settings.cache_params.service_name: required with {where} (or REDIS_SERVICE_NAME): the "
+            "Sentinel service whose master the proxy uses"
+        )
+    db = _resolve_env(params.get("db"))
+    spec = SentinelSet(
+        nodes=nodes,
+        service_name=service,
+        password=str(_resolve_env(password)) if password else None,
+        username=str(_resolve_env(username)) if username else None,
+        ssl=_truthy(ssl),
+        db=int(db) if isinstance(db, (int, str)) and str(db).isdigit() else None,
+        sentinel_password=str(_resolve_env(params.get("sentinel_password")) or env("REDIS_SENTINEL_PASSWORD") or "")
+        or None,
+    )
+    return RedisTarget(None, f"{where}, service {service!r}", sentinel=True, sentinel_set=spec)
+
+
+async def locate_sentinel_master(target: RedisTarget, timeout: float) -> RedisTarget:
+    """``target`` (a Sentinel set from :func:`resolve_redis`) with ``url`` set to its current master, as the
+    sentinels name it (the first that answers and reports a healthy master, as redis-py's Sentinel client
+    picks). StoreError when none does within ``timeout`` per sentinel."""
+    from redis.asyncio.sentinel import Sentinel
+    from redis.exceptions import RedisError
+
+    spec = target.sentinel_set
+    if spec is None:
+        raise ValueError("not a Sentinel target")
+    sentinel_kwargs: dict[str, Any] = {
+        "password": spec.sentinel_password,
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+    }
+    if spec.username:
+        sentinel_kwargs["username"] = spec.username
+    if spec.ssl:
+        sentinel_kwargs["ssl"] = True
+    sentinel = Sentinel(list(spec.nodes), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    nodes = ", ".join(f"{host}:{port}" for host, port in spec.nodes)
+    try:
+        host, port = await asyncio.wait_for(
+            sentinel.discover_master(spec.service_name), timeout * (len(spec.nodes) + 1)
+        )
+    except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise StoreError(f"no sentinel ({nodes}) named a master for service {spec.service_name!r}: {detail}") from exc
+    finally:
+        for client in sentinel.sentinels:
+            with contextlib.suppress(Exception):  # (closing a connection that never opened)
+                await client.aclose()
+    url = _url_from_parts(host, port, spec.password, spec.username, "true" if spec.ssl else None, spec.db)
+    assert url is not None  # (a master always has a host)
+    return target._replace(url=url, source=f"{target.source}: master {host}:{port} per the sentinels")
 
 
 def resolve_redis(config: ProxyConfig, override: str | None = None, *, override_cluster: bool = False) -> RedisTarget:
     """Where the proxy's Redis is (:class:`RedisTarget`), in the proxy's order; a target without a URL (and
-    the reason) when the proxy would run on the embedded store, or on a Sentinel set.
+    the reason) when the proxy would run on the embedded store; for a Sentinel set, a target whose master
+    :func:`locate_sentinel_master` finds (this function does no I/O).
 
     Order: ``--redis-url`` (one node of a Redis Cluster with ``override_cluster``); ``ratebalance.redis_url``;
     the proxy's cache (``litellm_settings.cache`` with ``cache_params`` of type redis: its startup nodes, or
     ``REDIS_CLUSTER_NODES``, make it a Redis Cluster, as in LiteLLM; else its Sentinel nodes, or
-    ``REDIS_SENTINEL_NODES``; else its URL or host, LiteLLM's ``REDIS_*`` variables when it names no host); the
-    router's (``router_settings.redis_url`` / ``redis_host``, a Redis Cluster when ``REDIS_CLUSTER_NODES`` is
-    set). ConfigurationError on startup nodes that are not a list of host and port.
+    ``REDIS_SENTINEL_NODES``, with ``service_name`` (or ``REDIS_SERVICE_NAME``); else its URL or host,
+    LiteLLM's ``REDIS_*`` variables when it names no host); the router's (``router_settings.redis_url`` /
+    ``redis_host``, a Redis Cluster when ``REDIS_CLUSTER_NODES`` is set). ConfigurationError on startup or
+    sentinel nodes that are not a list of host and port, and on sentinel nodes without a service name.
     """
     if override:
         return RedisTarget(override, "--redis-url", cluster=override_cluster)
@@ -756,12 +868,7 @@ def resolve_redis(config: ProxyConfig, override: str | None = None, *, override_
                 _cluster_nodes(env_nodes, "REDIS_CLUSTER_NODES"), "REDIS_CLUSTER_NODES", password, username, ssl
             )
         if params.get("sentinel_nodes") or env("REDIS_SENTINEL_NODES"):
-            where = (
-                "litellm_settings.cache_params.sentinel_nodes"
-                if params.get("sentinel_nodes")
-                else "REDIS_SENTINEL_NODES"
-            )
-            return RedisTarget(None, _SENTINEL_REASON.format(where=where), sentinel=True)
+            return _sentinel_target(params, password, username, ssl)
         url = _resolve_env(params.get("url") or params.get("redis_url"))
         if isinstance(url, str) and url:
             return RedisTarget(url, "litellm_settings.cache_params")

@@ -14,12 +14,17 @@ What must hold (asserted below):
   ``retry-after``; no other status than 200, 429 and (``closed`` only) 503;
 * limits hold again within seconds: both replicas count through Redis again within
   ``store_retry_after_seconds`` (+ slack) of the sentinels naming the new master;
-* the fresh window admits exactly ``RPM``, on the promoted replica, whose keys of ours all have a TTL.
+* the fresh window admits exactly ``RPM``, on the promoted replica, whose keys of ours all have a TTL;
+* ``litellm-ratebalance status`` on the proxy's config reads the master the sentinels name: the old one
+  before, the promoted one after (with the live window's count).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -27,9 +32,9 @@ from typing import Any
 import pytest
 import redis
 
-from tests.e2e.harness import LiteLLMProxy, litellm_binary, mock_deployment, start_all, stop_all
+from tests.e2e.harness import LiteLLMProxy, chat_body, litellm_binary, mock_deployment, start_all, stop_all
 from tests.faults.sentinel import SERVICE, SentinelSet
-from tests.faults.support import Load, Recorder, by_status, keys_without_ttl
+from tests.faults.support import Load, Recorder, by_status, keys_without_ttl, send_one
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
 
@@ -86,6 +91,22 @@ def replicas(redis_set: SentinelSet) -> Iterator[list[LiteLLMProxy]]:
         stop_all(pair)
 
 
+async def read_status(proxy: LiteLLMProxy) -> dict[str, Any]:
+    """``litellm-ratebalance status --json`` on the proxy's own config.yaml (in a thread: it runs its own loop)."""
+    from litellm_ratebalance.cli import main
+
+    def run() -> tuple[int, str]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["status", "--config", str(proxy.workdir / "config.yaml"), "--json"])
+        return code, out.getvalue()
+
+    code, text = await asyncio.to_thread(run)
+    assert code == 0, text
+    document: dict[str, Any] = json.loads(text)
+    return document
+
+
 async def test_master_killed_the_replica_takes_over(redis_set: SentinelSet, replicas: list[LiteLLMProxy]) -> None:
     open_, closed = replicas
     recorder = Recorder()
@@ -95,6 +116,7 @@ async def test_master_killed_the_replica_takes_over(redis_set: SentinelSet, repl
         targets = [(open_, client_open), (closed, client_closed)]
         healthy, healthy_outcomes = await LOAD.window_phase(targets, recorder, sync)
         sync.close()
+        status_before = await read_status(open_)
 
         killed_at = time.time()
         redis_set.kill_master()
@@ -107,6 +129,8 @@ async def test_master_killed_the_replica_takes_over(redis_set: SentinelSet, repl
         sync = redis.Redis(host="127.0.0.1", port=new_port, socket_timeout=2)
         await LOAD.until_window_ends(sync)
         after, after_outcomes = await LOAD.window_phase(targets, recorder, sync)
+        one_more = await send_one(client_open, open_, chat_body(MODEL), recorder)  # opens a new window
+        status_after = await read_status(open_)
 
     switch_open = [o for o in switch_outcomes if o.replica == open_.name]
     switch_closed = [o for o in switch_outcomes if o.replica == closed.name]
@@ -134,6 +158,13 @@ async def test_master_killed_the_replica_takes_over(redis_set: SentinelSet, repl
         assert seconds is not None and seconds <= failover_s + RETRY_AFTER_S + SLACK_S, (name, report)
     assert after["r"] == RPM and by_status(after_outcomes) == {200: RPM, 429: len(after_outcomes) - RPM}, report
     assert all(o.counted for o in after_outcomes if o.status == 200)
+    # `litellm-ratebalance status` with the proxy's own config asks the sentinels for the master, then and now.
+    assert status_before["store"]["url"] == f"redis://127.0.0.1:{old_port}", status_before["store"]
+    assert status_after["store"]["url"] == f"redis://127.0.0.1:{new_port}", status_after["store"]
+    where = f"litellm_settings.cache_params.sentinel_nodes, service {SERVICE!r}"
+    assert status_after["store"]["source"] == f"{where}: master 127.0.0.1:{new_port} per the sentinels"
+    (group,) = status_after["model_groups"]
+    assert one_more.counted and (group["model_group"], group["requests"], group["window"]["live"]) == (MODEL, 1, True)
     assert sync.pttl(LOAD.keys.admission_window(MODEL)) > 0
     assert keys_without_ttl(sync, PREFIX) == []
     sync.close()

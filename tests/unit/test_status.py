@@ -15,6 +15,7 @@ from litellm_ratebalance.status import (
     ConcurrencyRange,
     DeploymentStatus,
     RedisTarget,
+    SentinelSet,
     StatusReport,
     config_deployments,
     contracts_status,
@@ -271,16 +272,48 @@ def test_bad_startup_nodes_name_the_key(tmp_path: Path, nodes: str, message: str
     assert "1..65535" in str(raised.value) or "JSON" in str(raised.value)
 
 
-def test_resolve_redis_reports_a_sentinel_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("REDIS_CLUSTER_NODES", "REDIS_SENTINEL_NODES"):
+def test_resolve_redis_reads_a_sentinel_set_as_litellm_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("REDIS_CLUSTER_NODES", "REDIS_SENTINEL_NODES", "REDIS_SERVICE_NAME", "REDIS_SENTINEL_PASSWORD"):
         monkeypatch.delenv(name, raising=False)
-    sentinel = CLUSTER_CACHE + "    sentinel_nodes: [[10.0.0.1, 26379]]\n    service_name: mymaster\n"
+    sentinel = CLUSTER_CACHE + (
+        '    sentinel_nodes: [[10.0.0.1, 26379], [10.0.0.2, "26380"]]\n    service_name: mymaster\n'
+        "    sentinel_password: spw\n"
+    )
     target = resolve_redis(load_proxy_config(_config(tmp_path, sentinel)))
-    assert target.url is None and target.sentinel
-    assert "Sentinel set (litellm_settings.cache_params.sentinel_nodes)" in target.source
-    monkeypatch.setenv("REDIS_SENTINEL_NODES", '[["10.0.0.1", 26379]]')
+    # No URL until the sentinels are asked (resolve_redis does no I/O); the master's credentials come along.
+    assert target == RedisTarget(
+        None,
+        "litellm_settings.cache_params.sentinel_nodes, service 'mymaster'",
+        sentinel=True,
+        sentinel_set=SentinelSet(
+            (("10.0.0.1", 26379), ("10.0.0.2", 26380)), "mymaster", password="pw", sentinel_password="spw"
+        ),
+    )
+    # LiteLLM's variables: nodes as JSON, the service name, the sentinels' password.
+    monkeypatch.setenv("REDIS_SENTINEL_NODES", '[["10.0.0.3", 26381]]')
+    monkeypatch.setenv("REDIS_SERVICE_NAME", "svc")
+    monkeypatch.setenv("REDIS_SENTINEL_PASSWORD", "envspw")
     target = resolve_redis(load_proxy_config(_config(tmp_path, CLUSTER_CACHE)))
-    assert target.sentinel and "REDIS_SENTINEL_NODES" in target.source
+    assert target.sentinel and target.source == "REDIS_SENTINEL_NODES, service 'svc'"
+    assert target.sentinel_set == SentinelSet((("10.0.0.3", 26381),), "svc", password="pw", sentinel_password="envspw")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("    sentinel_nodes: [[10.0.0.1, 26379]]\n", "cache_params.service_name: required with"),
+        ("    sentinel_nodes: [[10.0.0.1]]\n    service_name: m\n", "sentinel_nodes[0]: must be a [host, port"),
+        ("    sentinel_nodes: [[10.0.0.1, 0]]\n    service_name: m\n", "sentinel_nodes[0]: must be a [host, port"),
+        ("    sentinel_nodes: '[[oops'\n    service_name: m\n", "sentinel_nodes: not valid JSON"),
+    ],
+)
+def test_bad_sentinel_settings_name_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: str, message: str
+) -> None:
+    for name in ("REDIS_CLUSTER_NODES", "REDIS_SENTINEL_NODES", "REDIS_SERVICE_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        resolve_redis(load_proxy_config(_config(tmp_path, CLUSTER_CACHE + extra)))
 
 
 def test_deployment_ids_follow_litellm_router_rule(tmp_path: Path) -> None:
@@ -304,18 +337,22 @@ def test_deployment_ids_follow_litellm_router_rule(tmp_path: Path) -> None:
     assert group_capacity(deployments) == (12, 100)
 
 
-def test_status_command_on_a_sentinel_set_asks_for_the_master(
+def test_status_command_on_a_sentinel_set_with_no_sentinel_answering_exits_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from litellm_ratebalance.cli import EXIT_NO_STORE, main
+    from litellm_ratebalance.cli import EXIT_STORE, main
+    from tests.servers import free_port
 
-    for name in ("REDIS_CLUSTER_NODES", "REDIS_SENTINEL_NODES"):
+    for name in ("REDIS_CLUSTER_NODES", "REDIS_SENTINEL_NODES", "REDIS_SERVICE_NAME"):
         monkeypatch.delenv(name, raising=False)
-    config = _config(tmp_path, CLUSTER_CACHE + "    sentinel_nodes: [[10.0.0.1, 26379]]\n")
-    assert main(["status", "--config", str(config)]) == EXIT_NO_STORE
+    port = free_port()  # nothing listens there: refused at once
+    config = _config(
+        tmp_path, CLUSTER_CACHE + f"    sentinel_nodes: [[127.0.0.1, {port}]]\n    service_name: mymaster\n"
+    )
+    assert main(["status", "--config", str(config), "--timeout", "1"]) == EXIT_STORE
     err = capsys.readouterr().err
-    assert "does not ask sentinels for the master. Pass --redis-url with the current master's URL." in err
-    assert "embedded store" not in err
+    assert f"no sentinel (127.0.0.1:{port}) named a master for service 'mymaster'" in err
+    assert "embedded store" not in err and "pw" not in err.replace("password", "")
 
 
 def test_cluster_flag_without_a_url_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
