@@ -312,7 +312,11 @@ class Client:
     """Tokens the client's team wants in window k (shared by the team's clients); None: unlimited."""
 
 
-async def run_clients(driver: Driver, clients: list[Client], seconds: float, window_s: float, seed: int) -> Traffic:
+async def run_clients(
+    driver: Driver, clients: list[Client], seconds: float, window_s: float, seed: int, *, quiet_s: float = 0.0
+) -> Traffic:
+    """Run the clients for ``seconds``. ``quiet_s``: nobody sends in the first seconds of each window after
+    the first, so every client starts each window together and the limiter's window starts with them."""
     traffic = Traffic(t0=time.perf_counter())
     end = traffic.t0 + seconds
     wanted: dict[tuple[str, int], int] = {}  # (team, window) -> tokens asked for so far
@@ -321,13 +325,17 @@ async def run_clients(driver: Driver, clients: list[Client], seconds: float, win
         rng = random.Random(seed * 1000 + index)
         await asyncio.sleep(client.start_at)
         while (now := time.perf_counter()) < end:
+            into_window = (now - traffic.t0) % window_s
+            if quiet_s and now - traffic.t0 >= window_s and into_window < quiet_s:
+                await asyncio.sleep(quiet_s - into_window)
+                continue
             output = client.answer(rng)
             prompt = prompt_tokens(client.model, client.prompt)
             if client.demand is not None:
                 window = traffic.window_of(now, window_s)
                 asked = wanted.get((client.who, window), 0)
                 if asked >= client.demand(window):
-                    next_window = traffic.t0 + (window + 1) * window_s + PHASE_GUARD_S
+                    next_window = traffic.t0 + (window + 1) * window_s + quiet_s
                     await asyncio.sleep(max(0.0, min(next_window, end) - now))
                     continue
                 wanted[(client.who, window)] = asked + prompt + output
@@ -386,21 +394,26 @@ async def quick_start(driver: Driver) -> str:
 
 
 TEAMS_WINDOW_S = 3
-PHASE_GUARD_S = 0.3
-"""team_b starts its demand this long after the bench's window boundary: a limiter's window starts at its
-first request, so after a few windows it lags the bench's count by up to a back-off per window."""
+PHASE_QUIET_S = 0.3
+"""Both teams pause this long at each window boundary, then start together: a limiter's window starts at its
+first request, so without the pause it would lag the bench's count by up to a back-off per window, and
+whichever team came first would borrow in lenient mode before the other arrived."""
 
 
 async def two_teams(driver: Driver, seed: int) -> dict[str, float]:
-    w = TEAMS_WINDOW_S
+    # The bench's phases are a little longer than the limiters' windows, so each limiter window has ended
+    # when the pause at a phase's start is over (a limiter's window starts at its first request, a few ms
+    # after the teams start; without the margin that lag adds up, and the first requests of a phase would
+    # meet the full window before).
+    w = TEAMS_WINDOW_S + 0.05
     team_b_wants = {1: 500, 2: 400}
     common = dict(model=TEAMS_MODEL, prompt=SHORT_PROMPT, answer=lambda rng: 50, upstream_s=lambda n: 0.05)
     clients = [Client("team_a", **common) for _ in range(4)]  # type: ignore[arg-type]
     clients += [
-        Client("team_b", start_at=w + PHASE_GUARD_S, demand=lambda k: team_b_wants.get(k, 0), **common)  # type: ignore[arg-type]
+        Client("team_b", start_at=w, demand=lambda k: team_b_wants.get(k, 0), **common)  # type: ignore[arg-type]
         for _ in range(4)
     ]
-    traffic = await run_clients(driver, clients, 3 * w - 0.05, w, seed)
+    traffic = await run_clients(driver, clients, 3 * w - 0.05, w, seed, quiet_s=PHASE_QUIET_S)
     out: dict[str, float] = {}
     for k in range(3):
         out[f"w{k + 1}_a"] = traffic.tokens(k, w, "team_a")
