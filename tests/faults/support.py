@@ -38,6 +38,7 @@ __all__ = [
     "Recorder",
     "by_status",
     "keys_without_ttl",
+    "litellm_window_phase",
     "read_window",
     "recovery_times",
     "send_one",
@@ -261,3 +262,27 @@ class Load:
         await load
         await asyncio.gather(*tasks)
         return recovery_times(recorder.between(healed_at, time.time()), healed_at)
+
+
+async def litellm_window_phase(
+    targets: Sequence[tuple[LiteLLMProxy, httpx.AsyncClient]],
+    recorder: Recorder,
+    model: str,
+    *,
+    window_s: int,
+    interval_s: float = 0.1,
+    guard_s: float = 0.8,
+) -> list[Outcome]:
+    """One window of steady load for LiteLLM's own limiter (``parallel_request_limiter_v3``). Its windows start
+    with the first request in whole seconds of Redis ``TIME`` (one that starts at 12.7 s ends at 15.0 s for
+    ``window_s`` 3), so the phase begins just after a second boundary, stops ``guard_s`` before its window can
+    end and returns once it has ended (the previous one must have ended too)."""
+    await asyncio.sleep(1.02 - time.time() % 1)
+    began = time.time()
+    tasks: set[asyncio.Task[Outcome]] = set()
+    await steady(
+        targets, chat_body(model), recorder, until=began + window_s - guard_s, interval_s=interval_s, tasks=tasks
+    )
+    await asyncio.gather(*tasks)
+    await asyncio.sleep(max(0.0, int(began) + window_s + 0.05 - time.time()))
+    return recorder.between(began, time.time())

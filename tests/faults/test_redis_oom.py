@@ -24,15 +24,17 @@ What must hold (asserted below):
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from tests.e2e.harness import LiteLLMProxy, litellm_binary, mock_deployment, start_all, stop_all
-from tests.faults.support import Load, Outcome, Recorder, by_status, keys_without_ttl, steady
+from tests.faults.support import Load, Outcome, Recorder, by_status, keys_without_ttl, litellm_window_phase, steady
 from tests.servers import RedisServer
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
@@ -165,4 +167,86 @@ async def test_redis_out_of_memory_applies_the_fail_mode_and_recovers_without_re
     assert all(proxy.running for proxy in (open_, closed))
     assert after["r"] == RPM and by_status(after_outcomes) == {200: RPM, 429: len(after_outcomes) - RPM}, report
     assert keys_without_ttl(sync, PREFIX) == []
+    sync.close()
+
+
+# -- the same fault under LiteLLM's own limiter -------------------------------------------------------------
+LITELLM_MODEL = "oom-litellm"
+LIMIT_AUTH = Path(__file__).with_name("limit_auth.py")
+
+
+def litellm_config(own_redis: RedisServer, *, fail_closed: bool) -> dict[str, Any]:
+    general: dict[str, Any] = {"custom_auth": "limit_auth.user_api_key_auth"}
+    if fail_closed:
+        general["fail_closed_rate_limit_enforcement"] = True
+    return {
+        "model_list": [mock_deployment(LITELLM_MODEL)],
+        "litellm_settings": {
+            "cache": True,
+            "cache_params": {"type": "redis", "host": "127.0.0.1", "port": own_redis.port, "mode": "default_off"},
+        },
+        "general_settings": general,
+        "router_settings": {"num_retries": 0},
+    }
+
+
+@pytest.fixture(scope="module")
+def litellm_replicas(own_redis: RedisServer) -> Iterator[list[LiteLLMProxy]]:
+    if litellm_binary() is None:
+        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
+    env = {"LITELLM_RATE_LIMIT_WINDOW_SIZE": str(WINDOW_S), "RATEBALANCE_FAULTS_RPM_LIMIT": str(RPM)}
+    pair = [
+        LiteLLMProxy(litellm_config(own_redis, fail_closed=closed), env=env, name=name)
+        for name, closed in (("litellm-open", False), ("litellm-closed", True))
+    ]
+    for proxy in pair:
+        shutil.copyfile(LIMIT_AUTH, proxy.workdir / LIMIT_AUTH.name)
+    try:
+        yield start_all(pair)
+    finally:
+        stop_all(pair)
+
+
+async def test_litellm_limiter_when_redis_is_out_of_memory(
+    litellm_replicas: list[LiteLLMProxy], own_redis: RedisServer
+) -> None:
+    open_, closed = litellm_replicas
+    sync = redis.Redis.from_url(own_redis.url, socket_timeout=5)
+    sync.config_set("maxmemory", 0)
+    recorder = Recorder()
+    async with open_.async_client() as client_open, closed.async_client() as client_closed:
+        targets = [(open_, client_open), (closed, client_closed)]
+        healthy = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
+        base = used_memory(sync)
+        sync.set(FILLER_KEY, b"x" * FILLER_BYTES)
+        sync.config_set("maxmemory", base + FILLER_BYTES // 2)
+        full = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
+        sync.delete(FILLER_KEY)
+        after = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
+
+    def per_replica(outcomes: list[Outcome]) -> dict[str, dict[int | str, int]]:
+        return {p.name: by_status(o for o in outcomes if o.replica == p.name) for p in (open_, closed)}
+
+    full_closed = sorted((o for o in full if o.replica == closed.name), key=lambda o: o.sent)
+    report = {
+        "healthy": per_replica(healthy),
+        "full": per_replica(full),
+        "full closed, served at rank": [i for i, o in enumerate(full_closed) if o.status == 200],
+        "full closed retry-after": sorted({str(o.retry_after) for o in full_closed if o.status == 503}),
+        "after": per_replica(after),
+    }
+    print(report)
+
+    def admitted(outcomes: list[Outcome]) -> int:
+        return sum(o.status == 200 for o in outcomes)
+
+    assert admitted(healthy) == RPM and admitted(after) == RPM, report  # exact across both replicas when healthy
+    assert all(o.status in (200, 429) for o in [*healthy, *after]), report
+    # Full: the fail-open replica falls back to counting in its own memory, so it enforces the whole limit by
+    # itself (every fail-open replica would: n replicas admit n x the limit); the fail-closed one
+    # (fail_closed_rate_limit_enforcement) refuses with 503 (no retry-after), except, in some runs, the first
+    # request of the window (both replicas send one at once: whichever restarts the window in Redis).
+    full_open = [o for o in full if o.replica == open_.name]
+    assert by_status(full_open) == {200: RPM, 429: len(full_open) - RPM}, report
+    assert all(o.status == 503 for o in full_closed[1:]) and full_closed[0].status in (200, 503), report
     sync.close()
