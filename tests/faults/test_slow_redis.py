@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import shutil
 import statistics
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,7 +41,16 @@ import redis
 
 from tests.e2e.harness import LiteLLMProxy, chat_body, litellm_binary, mock_deployment, start_all, stop_all
 from tests.faults.delay_proxy import DelayProxy
-from tests.faults.support import Load, Outcome, Recorder, by_status, keys_without_ttl, send_one, steady
+from tests.faults.support import (
+    Load,
+    Outcome,
+    Recorder,
+    by_status,
+    keys_without_ttl,
+    litellm_window_phase,
+    send_one,
+    steady,
+)
 from tests.servers import RedisServer
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
@@ -188,3 +199,86 @@ async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
     assert after["r"] == RPM and by_status(after_outcomes) == {200: RPM, 429: len(after_outcomes) - RPM}, report
     assert keys_without_ttl(sync, PREFIX) == []
     sync.close()
+
+
+# -- the same fault under LiteLLM's own limiter -------------------------------------------------------------
+LITELLM_MODEL = "slow-litellm"
+LIMIT_AUTH = Path(__file__).with_name("limit_auth.py")
+
+
+def litellm_config(link: DelayProxy, *, fail_closed: bool) -> dict[str, Any]:
+    general: dict[str, Any] = {"custom_auth": "limit_auth.user_api_key_auth"}
+    if fail_closed:
+        general["fail_closed_rate_limit_enforcement"] = True
+    return {
+        "model_list": [mock_deployment(LITELLM_MODEL)],
+        "litellm_settings": {
+            "cache": True,
+            "cache_params": {"type": "redis", "host": "127.0.0.1", "port": link.port, "mode": "default_off"},
+        },
+        "general_settings": general,
+        "router_settings": {"num_retries": 0},
+    }
+
+
+@pytest.fixture(scope="module")
+def litellm_replicas(slow_link: DelayProxy) -> Iterator[list[LiteLLMProxy]]:
+    if litellm_binary() is None:
+        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
+    env = {"LITELLM_RATE_LIMIT_WINDOW_SIZE": str(WINDOW_S), "RATEBALANCE_FAULTS_RPM_LIMIT": str(RPM)}
+    pair = [
+        LiteLLMProxy(litellm_config(slow_link, fail_closed=closed), env=env, name=name)
+        for name, closed in (("litellm-open", False), ("litellm-closed", True))
+    ]
+    for proxy in pair:
+        shutil.copyfile(LIMIT_AUTH, proxy.workdir / LIMIT_AUTH.name)
+    try:
+        yield start_all(pair)
+    finally:
+        stop_all(pair)
+
+
+async def test_litellm_limiter_when_redis_is_slow(litellm_replicas: list[LiteLLMProxy], slow_link: DelayProxy) -> None:
+    open_, closed = litellm_replicas
+    slow_link.delay_s = 0.0
+    recorder = Recorder()
+    async with open_.async_client() as client_open, closed.async_client() as client_closed:
+        targets = [(open_, client_open), (closed, client_closed)]
+        await send_one(client_open, open_, chat_body(LITELLM_MODEL), Recorder())  # warm-up
+        await asyncio.sleep(WINDOW_S + 1)
+        healthy = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
+        slow_link.delay_s = DELAY_S
+        slow_from = time.time()
+        tasks: set[asyncio.Task[Outcome]] = set()
+        until = slow_from + SLOW_S
+        await steady(targets, chat_body(LITELLM_MODEL), recorder, until=until, interval_s=LOAD.interval_s, tasks=tasks)
+        await asyncio.gather(*tasks)
+        slow = recorder.between(slow_from, time.time())
+        slow_link.delay_s = 0.0
+        await asyncio.sleep(WINDOW_S + 1)
+        after = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
+
+    def per_replica(outcomes: list[Outcome]) -> dict[str, dict[int | str, int]]:
+        return {p.name: by_status(o for o in outcomes if o.replica == p.name) for p in (open_, closed)}
+
+    def latencies(outcomes: list[Outcome]) -> tuple[float, float, float]:
+        values = sorted(o.latency for o in outcomes)
+        return round(values[0], 3), round(statistics.median(values), 3), round(values[-1], 3)
+
+    report = {
+        "healthy": per_replica(healthy),
+        "healthy latency min/median/max (s)": latencies(healthy),
+        "slow": per_replica(slow),
+        "slow latency min/median/max (s)": latencies(slow),
+        "after": per_replica(after),
+    }
+    print(report)
+
+    def admitted(outcomes: list[Outcome]) -> int:
+        return sum(o.status == 200 for o in outcomes)
+
+    assert admitted(healthy) == RPM and admitted(after) == RPM, report  # exact across both replicas
+    # Slow: no fail mode at all (not even with fail_closed_rate_limit_enforcement): every request waits for its
+    # round trips to the slow Redis, several per request, with no timeout of its own and no breaker.
+    assert all(o.status in (200, 429) for o in [*healthy, *slow, *after]), report
+    assert statistics.median(o.latency for o in slow) >= 2 * (2 * DELAY_S), report
