@@ -21,8 +21,10 @@ reservations kept counting after the kill: until the end of window 0, at most ``
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +32,7 @@ import redis
 
 from litellm_ratebalance.store.keys import KeySpace
 from tests.e2e.conftest import StartProxies
-from tests.e2e.harness import LiteLLMProxy, chat_body, mock_deployment
+from tests.e2e.harness import LiteLLMProxy, chat_body, litellm_binary, mock_deployment, start_all, stop_all
 from tests.faults.support import (
     ERROR,
     REFUSED,
@@ -169,3 +171,88 @@ async def test_sigkill_of_a_replica_with_requests_in_flight(pair: list[LiteLLMPr
     assert keys_without_ttl(sync, PREFIX) == []
     assert sync.pttl(KeySpace(PREFIX).admission_window(MODEL)) > 0
     sync.close()
+
+
+# -- the same fault under LiteLLM's own limiter -------------------------------------------------------------
+LIMIT_AUTH = Path(__file__).with_name("limit_auth.py")
+
+
+@pytest.fixture(scope="module")
+def litellm_pair(own_redis: RedisServer) -> Iterator[list[LiteLLMProxy]]:
+    if litellm_binary() is None:
+        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
+    config = {
+        "model_list": [mock_deployment(MODEL, mock_delay=MOCK_DELAY_S)],
+        "litellm_settings": {
+            "cache": True,
+            "cache_params": {"type": "redis", "host": "127.0.0.1", "port": own_redis.port, "mode": "default_off"},
+        },
+        "general_settings": {"custom_auth": "limit_auth.user_api_key_auth"},
+        "router_settings": {"num_retries": 0},
+    }
+    env = {"LITELLM_RATE_LIMIT_WINDOW_SIZE": str(WINDOW_S), "RATEBALANCE_FAULTS_RPM_LIMIT": str(RPM)}
+    pair = [LiteLLMProxy(config, env=env, name=f"litellm{i}") for i in range(2)]
+    for proxy in pair:
+        shutil.copyfile(LIMIT_AUTH, proxy.workdir / LIMIT_AUTH.name)
+    try:
+        yield start_all(pair)
+    finally:
+        stop_all(pair)
+
+
+async def litellm_window(
+    loads: list[tuple[LiteLLMProxy, Any]], recorder: Recorder, *, kill: LiteLLMProxy | None = None
+) -> tuple[float, float | None]:
+    """As :func:`one_window`, for LiteLLM's windows (whole seconds of Redis TIME: see
+    ``tests.faults.support.litellm_window_phase``); returns the time the phase began and the kill time."""
+    await asyncio.sleep(1.02 - time.time() % 1)
+    began = time.time()
+    tasks: set[asyncio.Task[Outcome]] = set()
+    stops = {proxy.name: asyncio.Event() for proxy, _ in loads}
+    until = began + WINDOW_S - GUARD_S
+    loaders = [
+        asyncio.create_task(
+            steady(
+                [(p, c)],
+                chat_body(MODEL),
+                recorder,
+                until=until,
+                interval_s=INTERVAL_S,
+                tasks=tasks,
+                stop=stops[p.name],
+            )
+        )
+        for p, c in loads
+    ]
+    killed_at: float | None = None
+    if kill is not None:
+        await asyncio.sleep(KILL_AT_S)
+        stops[kill.name].set()
+        killed_at = time.time()
+        sigkill(kill)
+    await asyncio.gather(*loaders)
+    await asyncio.sleep(max(0.0, int(began) + WINDOW_S + 0.05 - time.time()))
+    await asyncio.gather(*tasks)
+    return began, killed_at
+
+
+async def test_litellm_limiter_when_a_replica_is_killed(litellm_pair: list[LiteLLMProxy]) -> None:
+    a, b = litellm_pair
+    recorder = Recorder()
+    async with a.async_client() as client_a, b.async_client() as client_b:
+        began0, _ = await litellm_window([(a, client_a), (b, client_b)], recorder, kill=a)
+        began1, _ = await litellm_window([(b, client_b)], recorder)
+        began2, _ = await litellm_window([(b, client_b)], recorder)
+    ends = [began1, began2, time.time()]
+    b_windows = [recorder.between([began0, began1, began2][i], ends[i], b.name) for i in range(3)]
+    a0 = recorder.between(began0, began1, a.name)
+    report = {"A window 0": by_status(a0), "B by window": [by_status(w) for w in b_windows]}
+    print(report)
+
+    # LiteLLM counts a request when it admits it and never gives it back, so a killed replica's admitted
+    # requests hold their share until the window ends, as ours do: B gets exactly the rest, then the limit.
+    broken = sum(o.status == ERROR for o in a0)
+    assert broken >= 1 and set(by_status(a0)) <= {429, ERROR, REFUSED}, report
+    assert by_status(b_windows[0]) == {200: RPM - broken, 429: len(b_windows[0]) - (RPM - broken)}, report
+    for outcomes in b_windows[1:]:
+        assert by_status(outcomes) == {200: RPM, 429: len(outcomes) - RPM}, report
