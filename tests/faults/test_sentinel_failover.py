@@ -25,8 +25,11 @@ import asyncio
 import contextlib
 import io
 import json
+import math
+import shutil
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,7 +37,16 @@ import redis
 
 from tests.e2e.harness import LiteLLMProxy, chat_body, litellm_binary, mock_deployment, start_all, stop_all
 from tests.faults.sentinel import SERVICE, SentinelSet
-from tests.faults.support import Load, Recorder, by_status, keys_without_ttl, send_one
+from tests.faults.support import (
+    Load,
+    Outcome,
+    Recorder,
+    by_status,
+    keys_without_ttl,
+    litellm_window_phase,
+    send_one,
+    steady,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
 
@@ -168,3 +180,102 @@ async def test_master_killed_the_replica_takes_over(redis_set: SentinelSet, repl
     assert sync.pttl(LOAD.keys.admission_window(MODEL)) > 0
     assert keys_without_ttl(sync, PREFIX) == []
     sync.close()
+
+
+# -- the same fault under LiteLLM's own limiter -------------------------------------------------------------
+LIMIT_AUTH = Path(__file__).with_name("limit_auth.py")
+SWITCH_LOAD_S = 8.0
+"""Load after the kill under LiteLLM's limiter: the sentinels' switch (about 2.5 s) and a few seconds more."""
+
+
+@pytest.fixture(scope="module")
+def litellm_redis_set() -> Iterator[SentinelSet]:
+    with SentinelSet() as sentinels:
+        yield sentinels
+
+
+@pytest.fixture(scope="module")
+def litellm_replicas(litellm_redis_set: SentinelSet) -> Iterator[list[LiteLLMProxy]]:
+    if litellm_binary() is None:
+        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
+    env = {"LITELLM_RATE_LIMIT_WINDOW_SIZE": str(WINDOW_S), "RATEBALANCE_FAULTS_RPM_LIMIT": str(RPM)}
+    pair = []
+    for name, closed in (("litellm-open", False), ("litellm-closed", True)):
+        general: dict[str, Any] = {"custom_auth": "limit_auth.user_api_key_auth"}
+        if closed:
+            general["fail_closed_rate_limit_enforcement"] = True
+        config = {
+            "model_list": [mock_deployment(MODEL)],
+            "litellm_settings": {
+                "cache": True,
+                "cache_params": {
+                    "type": "redis",
+                    "mode": "default_off",
+                    "sentinel_nodes": litellm_redis_set.sentinel_nodes,
+                    "service_name": SERVICE,
+                },
+            },
+            "general_settings": general,
+            "router_settings": {"num_retries": 0},
+        }
+        pair.append(LiteLLMProxy(config, env=env, name=name))
+    for proxy in pair:
+        shutil.copyfile(LIMIT_AUTH, proxy.workdir / LIMIT_AUTH.name)
+    try:
+        yield start_all(pair)
+    finally:
+        stop_all(pair)
+
+
+async def test_litellm_limiter_when_the_master_is_killed(
+    litellm_redis_set: SentinelSet, litellm_replicas: list[LiteLLMProxy]
+) -> None:
+    open_, closed = litellm_replicas
+    recorder = Recorder()
+    old_port = litellm_redis_set.master_port()
+    async with open_.async_client() as client_open, closed.async_client() as client_closed:
+        targets = [(open_, client_open), (closed, client_closed)]
+        healthy = await litellm_window_phase(targets, recorder, MODEL, window_s=WINDOW_S)
+        killed_at = time.time()
+        litellm_redis_set.kill_master()
+        failover = asyncio.create_task(asyncio.to_thread(litellm_redis_set.wait_for_new_master, old_port))
+        tasks: set[asyncio.Task[Outcome]] = set()
+        until = killed_at + SWITCH_LOAD_S
+        await steady(targets, chat_body(MODEL), recorder, until=until, interval_s=LOAD.interval_s, tasks=tasks)
+        await asyncio.gather(*tasks)
+        failover_s = await failover
+        switch = recorder.between(killed_at, time.time())
+        await asyncio.sleep(1.0)
+        after = await litellm_window_phase(targets, recorder, MODEL, window_s=WINDOW_S)
+
+    def per_replica(outcomes: list[Outcome]) -> dict[str, dict[int | str, int]]:
+        return {p.name: by_status(o for o in outcomes if o.replica == p.name) for p in (open_, closed)}
+
+    switch_closed = sorted((o for o in switch if o.replica == closed.name), key=lambda o: o.sent)
+    failing = [o for o in switch_closed if o.status not in (200, 429)]
+    last_failure = max((o.sent for o in failing), default=killed_at) - killed_at
+    report = {
+        "healthy": by_status(healthy),
+        "sentinels named the new master after (s)": round(failover_s, 2),
+        "switch open": by_status(o for o in switch if o.replica == open_.name),
+        "switch closed": by_status(switch_closed),
+        "closed: last failure sent after the kill (s)": round(last_failure, 2),
+        "switch latency worst (s)": round(max(o.latency for o in switch), 2),
+        "after": per_replica(after),
+    }
+    print(report)
+
+    assert sum(o.status == 200 for o in healthy) == RPM, report  # exact across both replicas when healthy
+    # LiteLLM's Redis client has a circuit breaker of its own: five failures in a row open it for 60 s, so the
+    # limiter does not go back to Redis for a minute, however soon the sentinels name the new master.
+    logged = [line for line in closed.log_text().splitlines() if "Redis circuit breaker OPENED" in line]
+    assert logged and "for 60s" in logged[0], logged
+    # Fail closed (fail_closed_rate_limit_enforcement): 503 for every request from shortly after the kill to
+    # the end of the test, long after the switch.
+    late = [o for o in [*switch_closed, *after] if o.replica == closed.name and o.sent > killed_at + 1.0]
+    assert late and all(o.status == 503 for o in late), report
+    # Fail open: each replica counts in its own memory: at most the limit per window, from this replica alone.
+    switch_open = [o for o in switch if o.replica == open_.name]
+    assert all(o.status in (200, 429) for o in switch_open), report
+    assert sum(o.status == 200 for o in switch_open) <= RPM * (math.ceil(SWITCH_LOAD_S / WINDOW_S) + 1), report
+    assert by_status(o for o in after if o.replica == open_.name).get(200) == RPM, report
