@@ -28,8 +28,10 @@ last one. The test bounds the failures to that state plus the cool-down.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,7 +42,7 @@ from redis.exceptions import ClusterError
 
 from tests.cluster.cluster import RedisClusterNodes, redis_cli_binary
 from tests.e2e.harness import LiteLLMProxy, litellm_binary, mock_deployment, start_all, stop_all
-from tests.faults.support import Load, Recorder, by_status, keys_without_ttl
+from tests.faults.support import Load, Recorder, by_status, keys_without_ttl, litellm_window_phase
 from tests.servers import skip_without_real_redis
 
 pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
@@ -249,3 +251,83 @@ async def test_redis_py_follows_an_ask_redirect(cluster: RedisClusterNodes) -> N
                         each.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
     finally:
         await client.aclose()
+
+
+# -- the same fault under LiteLLM's own limiter -------------------------------------------------------------
+LIMIT_AUTH = Path(__file__).with_name("limit_auth.py")
+LITELLM_MODEL = "reshard-litellm"
+
+
+@pytest.fixture(scope="module")
+def litellm_replicas(cluster: RedisClusterNodes) -> Iterator[list[LiteLLMProxy]]:
+    if litellm_binary() is None:
+        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
+    config = {
+        "model_list": [mock_deployment(LITELLM_MODEL)],
+        "litellm_settings": {
+            "cache": True,
+            "cache_params": {
+                "type": "redis",
+                "mode": "default_off",
+                "redis_startup_nodes": [{"host": host, "port": port} for host, port in cluster.startup_nodes],
+            },
+        },
+        "general_settings": {"custom_auth": "limit_auth.user_api_key_auth", "fail_closed_rate_limit_enforcement": True},
+        "router_settings": {"num_retries": 0},
+    }
+    env = {"LITELLM_RATE_LIMIT_WINDOW_SIZE": str(WINDOW_S), "RATEBALANCE_FAULTS_RPM_LIMIT": str(RPM)}
+    pair = [LiteLLMProxy(config, env=env, name=f"litellm{i}") for i in range(2)]
+    for proxy in pair:
+        shutil.copyfile(LIMIT_AUTH, proxy.workdir / LIMIT_AUTH.name)
+    try:
+        yield start_all(pair)
+    finally:
+        stop_all(pair)
+
+
+async def test_litellm_limiter_when_a_slot_moves(
+    cluster: RedisClusterNodes, litellm_replicas: list[LiteLLMProxy]
+) -> None:
+    sync = RedisCluster(host="127.0.0.1", port=cluster.ports[0], socket_timeout=5)
+    recorder = Recorder()
+    async with litellm_replicas[0].async_client() as c0, litellm_replicas[1].async_client() as c1:
+        targets = [(litellm_replicas[0], c0), (litellm_replicas[1], c1)]
+        healthy = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
+        (window_key,) = [k.decode() for k in sync.scan_iter(match="{api_key:*}:window")]
+        slot = key_slot(window_key.encode())
+        source = owner(cluster, slot)
+        target = next(port for port in cluster.ports if port != source)
+        moving_task = asyncio.create_task(litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S))
+        await asyncio.sleep(1.02 - time.time() % 1 + 0.3)  # (the phase begins on the next second)
+        marks: dict[str, float] = {}
+        moved_keys = await move_slot(cluster, slot, source, target, marks)
+        sync.nodes_manager.initialize()
+        during = await moving_task
+        after = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
+    report = {
+        "keys moved": moved_keys,
+        "healthy": by_status(healthy),
+        "during": by_status(during),
+        "failed sent at (s after the move began)": [
+            round(o.sent - marks["migrating"], 2) for o in during if o.status not in (200, 429)
+        ],
+        "after": by_status(after),
+        "breaker": [
+            line[-120:]
+            for proxy in litellm_replicas
+            for line in proxy.log_text().splitlines()
+            if "circuit breaker OPENED" in line
+        ],
+    }
+    print(report)
+
+    # The same as ours: exact in every window, failures (503: fail_closed_rate_limit_enforcement) only in the ASK
+    # state, through the same redis-py cluster client.
+    assert window_key in moved_keys and owner(cluster, slot) == target, report
+    for outcomes in (healthy, during, after):
+        statuses = by_status(outcomes)
+        assert statuses[200] == RPM and set(statuses) <= {200, 429, 503}, report
+    assert 503 not in by_status(healthy) and 503 not in by_status(after), report
+    failed = [o for o in during if o.status == 503]
+    assert all(marks["ask"] - 0.05 <= o.sent <= marks["moved"] + SLACK_S for o in failed), report
+    sync.close()
