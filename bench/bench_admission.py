@@ -315,8 +315,9 @@ class Client:
 async def run_clients(
     driver: Driver, clients: list[Client], seconds: float, window_s: float, seed: int, *, quiet_s: float = 0.0
 ) -> Traffic:
-    """Run the clients for ``seconds``. ``quiet_s``: nobody sends in the first seconds of each window after
-    the first, so every client starts each window together and the limiter's window starts with them."""
+    """Run the clients for ``seconds``. ``quiet_s``: nobody sends from ``quiet_s / 3`` before each window
+    boundary of the bench to ``2 x quiet_s / 3`` after it, so every client starts each window together, and
+    the limiter's own window (which starts at its first request) ends inside the pause."""
     traffic = Traffic(t0=time.perf_counter())
     end = traffic.t0 + seconds
     wanted: dict[tuple[str, int], int] = {}  # (team, window) -> tokens asked for so far
@@ -326,8 +327,10 @@ async def run_clients(
         await asyncio.sleep(client.start_at)
         while (now := time.perf_counter()) < end:
             into_window = (now - traffic.t0) % window_s
-            if quiet_s and now - traffic.t0 >= window_s and into_window < quiet_s:
-                await asyncio.sleep(quiet_s - into_window)
+            before, after = quiet_s / 3, 2 * quiet_s / 3
+            if quiet_s and ((now - traffic.t0 >= window_s and into_window < after) or into_window >= window_s - before):
+                wait = after - into_window if into_window < after else window_s - into_window + after
+                await asyncio.sleep(wait)
                 continue
             output = client.answer(rng)
             prompt = prompt_tokens(client.model, client.prompt)
@@ -335,7 +338,7 @@ async def run_clients(
                 window = traffic.window_of(now, window_s)
                 asked = wanted.get((client.who, window), 0)
                 if asked >= client.demand(window):
-                    next_window = traffic.t0 + (window + 1) * window_s + quiet_s
+                    next_window = traffic.t0 + (window + 1) * window_s + 2 * quiet_s / 3
                     await asyncio.sleep(max(0.0, min(next_window, end) - now))
                     continue
                 wanted[(client.who, window)] = asked + prompt + output
@@ -395,16 +398,16 @@ async def quick_start(driver: Driver) -> str:
 
 TEAMS_WINDOW_S = 3
 PHASE_QUIET_S = 0.3
-"""Both teams pause this long at each window boundary, then start together: a limiter's window starts at its
-first request, so without the pause it would lag the bench's count by up to a back-off per window, and
-whichever team came first would borrow in lenient mode before the other arrived."""
+"""Both teams pause this long around each window boundary (0.1 s before, 0.2 s after), then start together:
+a limiter's window starts at its first request, so without the pause it would drift from the bench's
+count, and whichever team came first would borrow in lenient mode before the other arrived."""
 
 
 async def two_teams(driver: Driver, seed: int) -> dict[str, float]:
-    # The bench's phases are a little longer than the limiters' windows, so each limiter window has ended
-    # when the pause at a phase's start is over (a limiter's window starts at its first request, a few ms
-    # after the teams start; without the margin that lag adds up, and the first requests of a phase would
-    # meet the full window before).
+    # The bench's phases are 50 ms longer than the limiters' windows, so each limiter window ends inside the
+    # pause around a phase boundary (a limiter's window starts at its first request, a few ms after the
+    # teams start; without the margin that lag adds up and the first requests of a phase would meet the
+    # full window before).
     w = TEAMS_WINDOW_S + 0.05
     team_b_wants = {1: 500, 2: 400}
     common = dict(model=TEAMS_MODEL, prompt=SHORT_PROMPT, answer=lambda rng: 50, upstream_s=lambda n: 0.05)
