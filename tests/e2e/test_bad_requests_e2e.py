@@ -159,7 +159,7 @@ async def test_a_huge_max_tokens_is_clamped_and_admitted_into_unused_tpm(
 async def test_a_huge_max_tokens_reserves_the_learned_answer_and_never_blocks_the_model(
     proxy: LiteLLMProxy, redis_sync: redis.Redis
 ) -> None:
-    # README, "The output estimate": a request reserves the model group's learned answer, capped at its
+    # docs/admission.md, "The output estimate": a request reserves the model group's learned answer, capped at its
     # max_tokens, so max_tokens 10**12 against tpm 2000 costs what the answer costs (before anything is
     # learned: default_output_tokens), never the clamped max_tokens nor a 500.
     responses = [await chat(proxy, "sk-prod-1", chat_body("tight", max_tokens=10**12)) for _ in range(3)]

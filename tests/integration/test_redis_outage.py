@@ -167,7 +167,7 @@ async def test_fail_open_admits_uncounted_while_down_and_counts_exactly_after(ow
     snapshot = await store.admission_snapshot("m", WINDOW_MS)
     assert snapshot is not None
     # Nothing lost, nothing counted twice. The last 5 pre-crash answers outran their reservation by
-    # 30 - cost each: their window is gone, so the excess is counted in the current one (README, "Windows and
+    # 30 - cost each: their window is gone, so the excess is counted in the current one (docs/admission.md, "Windows and
     # carry"). The 5 corrections queued while Redis was down went with the first admission after it, when
     # the restarted Redis had no window at all: dropped.
     assert (snapshot.requests, snapshot.tokens) == (40, 40 * 30 + 5 * (30 - store_cost(before)))
@@ -259,7 +259,7 @@ async def test_fail_open_mid_load_serves_everything_and_the_new_window_is_exact(
     # Every request counted after the restart is in the window once, with its actual tokens; no request
     # admitted before the crash or while Redis was down leaked into it. Tokens: answers of the pre-crash
     # window that outran their reservation and reported back after the restart add their excess (their
-    # window is gone: README, "Windows and carry"), never more than those answers used.
+    # window is gone: docs/admission.md, "Windows and carry"), never more than those answers used.
     assert snapshot.requests == len(result.counted[new_start])
     old_start = min(result.counted)
     excess = snapshot.tokens - sum(result.counted[new_start])

@@ -171,7 +171,7 @@ def test_status_json_and_table_show_what_was_written(
 
     assert main(["status", "--config", str(config), "--model", "chat"]) == 0
     table = capsys.readouterr().out
-    print(table)  # the sample output quoted in the README
+    print(table)  # the sample output quoted in docs/status.md
     assert f"requests {admission.requests}/10, tokens {admission.tokens}/1000" in table
     prod_line = next(line for line in table.splitlines() if line.lstrip().startswith("prod "))
     assert prod_line.split()[:4] == ["prod", "0.70", str(pools["prod"]["requests"]), "7"]
