@@ -11,6 +11,9 @@ window are compared with its limit exactly, not by guessing from timestamps.
 What a request ended with (:class:`Outcome`): an HTTP status, or ``error`` (the connection broke: a killed
 replica) or ``refused`` (nothing listens). ``counted`` says an admission went through the store: the limiter
 adds ``x-litellm-saturation`` only to an admission it decided in Redis (a fail-open admission has none).
+
+The proxies themselves (configs for our limiter and for LiteLLM's own one, the module fixtures' body) are in
+tests/faults/replicas.py.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,18 +36,29 @@ from tests.e2e.harness import LiteLLMProxy, chat_body
 
 __all__ = [
     "ERROR",
+    "GUARD_S",
+    "INTERVAL_S",
     "REFUSED",
     "Load",
     "Outcome",
     "Recorder",
+    "Target",
+    "admitted",
     "by_status",
+    "connected",
     "keys_without_ttl",
     "litellm_window_phase",
+    "litellm_window_start",
+    "load_for",
+    "of_replica",
+    "per_replica",
     "read_window",
     "recovery_times",
+    "rounded",
     "send_one",
     "sigkill",
     "steady",
+    "until_litellm_window_ends",
     "wait_until",
 ]
 
@@ -51,6 +66,13 @@ ERROR = "error"
 """The connection broke before a response (e.g. the replica was killed with the request in flight)."""
 REFUSED = "refused"
 """The connection was refused (nothing listens: the replica is gone)."""
+INTERVAL_S = 0.1
+"""The pacing of steady load: one request per replica every ``INTERVAL_S``."""
+GUARD_S = 0.8
+"""A phase's load stops this long before its window ends, so every request of it is decided in that window."""
+
+Target = tuple[LiteLLMProxy, httpx.AsyncClient]
+"""A replica and the client that sends to it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +95,26 @@ def by_status(outcomes: Iterable[Outcome]) -> dict[int | str, int]:
     """``{status: count}`` sorted by status (ints first), for messages and the docs table."""
     counts = Counter(outcome.status for outcome in outcomes)
     return dict(sorted(counts.items(), key=lambda item: (isinstance(item[0], str), str(item[0]))))
+
+
+def of_replica(outcomes: Iterable[Outcome], proxy: LiteLLMProxy) -> list[Outcome]:
+    """The outcomes of ``proxy``'s requests."""
+    return [o for o in outcomes if o.replica == proxy.name]
+
+
+def per_replica(outcomes: Sequence[Outcome], proxies: Iterable[LiteLLMProxy]) -> dict[str, dict[int | str, int]]:
+    """``{replica: by_status(its outcomes)}``, for reports."""
+    return {p.name: by_status(of_replica(outcomes, p)) for p in proxies}
+
+
+def admitted(outcomes: Iterable[Outcome]) -> int:
+    """How many were admitted (status 200), whichever limiter decided."""
+    return sum(o.status == 200 for o in outcomes)
+
+
+def rounded(seconds: dict[str, float | None]) -> dict[str, float | None]:
+    """``{replica: seconds}`` (as :func:`recovery_times` gives them) to the hundredth, for reports."""
+    return {k: None if v is None else round(v, 2) for k, v in seconds.items()}
 
 
 @dataclass(slots=True)
@@ -109,8 +151,15 @@ async def send_one(
     return outcome
 
 
+@asynccontextmanager
+async def connected(proxies: Sequence[LiteLLMProxy]) -> AsyncIterator[list[Target]]:
+    """A client per proxy (opened in order, closed in reverse), as ``[(proxy, client), ...]``."""
+    async with AsyncExitStack() as stack:
+        yield [(proxy, await stack.enter_async_context(proxy.async_client())) for proxy in proxies]
+
+
 async def steady(
-    targets: Sequence[tuple[LiteLLMProxy, httpx.AsyncClient]],
+    targets: Sequence[Target],
     body: dict[str, Any],
     recorder: Recorder,
     *,
@@ -126,6 +175,23 @@ async def steady(
             task = asyncio.create_task(send_one(client, proxy, body, recorder))
             tasks.add(task)
         await asyncio.sleep(interval_s)
+
+
+async def load_for(
+    targets: Sequence[Target],
+    recorder: Recorder,
+    model: str,
+    *,
+    since: float,
+    seconds: float,
+    interval_s: float = INTERVAL_S,
+) -> list[Outcome]:
+    """Steady load (:func:`steady`) of ``model`` until ``since + seconds`` (time.time()); once every answer is in,
+    what clients saw of the requests sent since ``since``."""
+    tasks: set[asyncio.Task[Outcome]] = set()
+    await steady(targets, chat_body(model), recorder, until=since + seconds, interval_s=interval_s, tasks=tasks)
+    await asyncio.gather(*tasks)
+    return recorder.between(since, time.time())
 
 
 def read_window(client: redis.Redis | redis.RedisCluster, keys: KeySpace, model_group: str) -> dict[str, int]:
@@ -188,8 +254,8 @@ class Load:
     prefix: str
     model: str
     window_s: float
-    interval_s: float = 0.1
-    guard_s: float = 0.8
+    interval_s: float = INTERVAL_S
+    guard_s: float = GUARD_S
 
     @property
     def keys(self) -> KeySpace:
@@ -198,15 +264,29 @@ class Load:
     def window(self, sync: redis.Redis | redis.RedisCluster) -> dict[str, int]:
         return read_window(sync, self.keys, self.model)
 
+    def keys_without_ttl(self, sync: redis.Redis | redis.RedisCluster) -> list[str]:
+        """Keys under this load's prefix with no TTL (see :func:`keys_without_ttl`)."""
+        return keys_without_ttl(sync, self.prefix)
+
     async def until_window_ends(self, sync: redis.Redis | redis.RedisCluster) -> None:
         """Sleep until the live window (if any) has ended."""
         counters = self.window(sync)
         if counters:
             await asyncio.sleep(max(0.0, counters["start"] / 1000 + self.window_s + 0.05 - time.time()))
 
+    async def window_end(self, sync: redis.Redis | redis.RedisCluster, began: float) -> dict[str, int]:
+        """Once a phase that began at ``began`` has sent its last request: check that it started a new window,
+        wait until that window has ended and return its final counters."""
+        counters = self.window(sync)
+        assert counters["start"] >= began * 1000 - 50, "the phase did not start a new window"
+        await self.until_window_ends(sync)
+        final = self.window(sync)
+        assert final["start"] == counters["start"], "a request was decided after the phase's window"
+        return final
+
     async def window_phase(
         self,
-        targets: Sequence[tuple[LiteLLMProxy, httpx.AsyncClient]],
+        targets: Sequence[Target],
         recorder: Recorder,
         sync: redis.Redis | redis.RedisCluster,
     ) -> tuple[dict[str, int], list[Outcome]]:
@@ -223,16 +303,12 @@ class Load:
             tasks=tasks,
         )
         await asyncio.gather(*tasks)
-        counters = self.window(sync)
-        assert counters["start"] >= began * 1000 - 50, "the phase did not start a new window"
-        await self.until_window_ends(sync)
-        final = self.window(sync)
-        assert final["start"] == counters["start"], "a request was decided after the phase's window"
+        final = await self.window_end(sync, began)
         return final, recorder.between(began, time.time())
 
     async def until_recovered(
         self,
-        targets: Sequence[tuple[LiteLLMProxy, httpx.AsyncClient]],
+        targets: Sequence[Target],
         recorder: Recorder,
         healed_at: float,
         timeout_s: float = 10.0,
@@ -264,25 +340,36 @@ class Load:
         return recovery_times(recorder.between(healed_at, time.time()), healed_at)
 
 
+async def litellm_window_start() -> float:
+    """Sleep until just after the next whole second (LiteLLM's windows start in whole seconds of Redis
+    ``TIME``: see :func:`litellm_window_phase`); the time.time() a phase begun now begins at."""
+    await asyncio.sleep(1.02 - time.time() % 1)
+    return time.time()
+
+
+async def until_litellm_window_ends(began: float, window_s: int) -> None:
+    """Sleep until the LiteLLM window started by a phase that began at ``began`` has ended."""
+    await asyncio.sleep(max(0.0, int(began) + window_s + 0.05 - time.time()))
+
+
 async def litellm_window_phase(
-    targets: Sequence[tuple[LiteLLMProxy, httpx.AsyncClient]],
+    targets: Sequence[Target],
     recorder: Recorder,
     model: str,
     *,
     window_s: int,
-    interval_s: float = 0.1,
-    guard_s: float = 0.8,
+    interval_s: float = INTERVAL_S,
+    guard_s: float = GUARD_S,
 ) -> list[Outcome]:
     """One window of steady load for LiteLLM's own limiter (``parallel_request_limiter_v3``). Its windows start
     with the first request in whole seconds of Redis ``TIME`` (one that starts at 12.7 s ends at 15.0 s for
     ``window_s`` 3), so the phase begins just after a second boundary, stops ``guard_s`` before its window can
     end and returns once it has ended (the previous one must have ended too)."""
-    await asyncio.sleep(1.02 - time.time() % 1)
-    began = time.time()
+    began = await litellm_window_start()
     tasks: set[asyncio.Task[Outcome]] = set()
     await steady(
         targets, chat_body(model), recorder, until=began + window_s - guard_s, interval_s=interval_s, tasks=tasks
     )
     await asyncio.gather(*tasks)
-    await asyncio.sleep(max(0.0, int(began) + window_s + 0.05 - time.time()))
+    await until_litellm_window_ends(began, window_s)
     return recorder.between(began, time.time())

@@ -28,10 +28,8 @@ last one. The test bounds the failures to that state plus the cool-down.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,8 +39,9 @@ from redis.crc import key_slot
 from redis.exceptions import ClusterError
 
 from tests.cluster.cluster import RedisClusterNodes, redis_cli_binary
-from tests.e2e.harness import LiteLLMProxy, litellm_binary, mock_deployment, start_all, stop_all
-from tests.faults.support import Load, Recorder, by_status, keys_without_ttl, litellm_window_phase
+from tests.e2e.harness import LiteLLMProxy, mock_deployment
+from tests.faults.replicas import cluster_cache, ratebalance_config, running, running_litellm_limiter
+from tests.faults.support import Load, Recorder, by_status, connected, litellm_window_phase
 from tests.servers import skip_without_real_redis
 
 pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
@@ -67,39 +66,22 @@ def cluster() -> Iterator[RedisClusterNodes]:
 
 
 def config(cluster: RedisClusterNodes) -> dict[str, Any]:
-    return {
+    return ratebalance_config(
+        LOAD,
         # A tpm too (never reached), so the learned-estimate key exists beside the window key: the slot holds
         # two keys, as it does in production.
-        "model_list": [mock_deployment(MODEL, rpm=RPM, tpm=1_000_000)],
-        "litellm_settings": {
-            "callbacks": ["litellm_ratebalance.rate_limiter"],
-            "cache": True,
-            "cache_params": {
-                "type": "redis",
-                "mode": "default_off",
-                "redis_startup_nodes": [{"host": host, "port": port} for host, port in cluster.startup_nodes],
-            },
-            "ratebalance": {
-                "key_prefix": PREFIX,
-                "fail_mode": "closed",
-                "store_timeout_seconds": 5.0,
-                "store_retry_after_seconds": RETRY_AFTER_S,
-                "limiter": {"window_seconds": WINDOW_S},
-            },
-        },
-        "router_settings": {"num_retries": 0},
-    }
+        mock_deployment(MODEL, rpm=RPM, tpm=1_000_000),
+        fail_mode="closed",
+        timeout_s=5.0,
+        retry_after_s=RETRY_AFTER_S,
+        cache_params=cluster_cache(cluster.startup_nodes),
+    )
 
 
 @pytest.fixture(scope="module")
 def replicas(cluster: RedisClusterNodes) -> Iterator[list[LiteLLMProxy]]:
-    if litellm_binary() is None:
-        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
-    pair = [LiteLLMProxy(config(cluster), name=f"replica{i}") for i in range(2)]
-    try:
-        yield start_all(pair)
-    finally:
-        stop_all(pair)
+    with running((f"replica{i}", config(cluster)) for i in range(2)) as pair:
+        yield pair
 
 
 def node(port: int) -> redis.Redis:
@@ -151,8 +133,7 @@ async def test_a_slot_moves_while_requests_flow(cluster: RedisClusterNodes, repl
     source = owner(cluster, slot)
     target = next(port for port in cluster.ports if port != source)
     recorder = Recorder()
-    async with replicas[0].async_client() as c0, replicas[1].async_client() as c1:
-        targets = [(replicas[0], c0), (replicas[1], c1)]
+    async with connected(replicas) as targets:
         before, before_outcomes = await LOAD.window_phase(targets, recorder, sync)
         moving_task = asyncio.create_task(LOAD.window_phase(targets, recorder, sync))
         await asyncio.sleep(0.3)
@@ -202,7 +183,7 @@ async def test_a_slot_moves_while_requests_flow(cluster: RedisClusterNodes, repl
     # The move happened while the middle window's requests flowed, not before or after them.
     first, last = min(o.sent for o in during_outcomes), max(o.sent for o in during_outcomes)
     assert first < marks["migrating"] and marks["moved"] < last, report
-    assert keys_without_ttl(sync, PREFIX) == []
+    assert LOAD.keys_without_ttl(sync) == []
     sync.close()
 
 
@@ -254,35 +235,16 @@ async def test_redis_py_follows_an_ask_redirect(cluster: RedisClusterNodes) -> N
 
 
 # -- the same fault under LiteLLM's own limiter -------------------------------------------------------------
-LIMIT_AUTH = Path(__file__).with_name("limit_auth.py")
 LITELLM_MODEL = "reshard-litellm"
 
 
 @pytest.fixture(scope="module")
 def litellm_replicas(cluster: RedisClusterNodes) -> Iterator[list[LiteLLMProxy]]:
-    if litellm_binary() is None:
-        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
-    config = {
-        "model_list": [mock_deployment(LITELLM_MODEL)],
-        "litellm_settings": {
-            "cache": True,
-            "cache_params": {
-                "type": "redis",
-                "mode": "default_off",
-                "redis_startup_nodes": [{"host": host, "port": port} for host, port in cluster.startup_nodes],
-            },
-        },
-        "general_settings": {"custom_auth": "limit_auth.user_api_key_auth", "fail_closed_rate_limit_enforcement": True},
-        "router_settings": {"num_retries": 0},
-    }
-    env = {"LITELLM_RATE_LIMIT_WINDOW_SIZE": str(WINDOW_S), "RATEBALANCE_FAULTS_RPM_LIMIT": str(RPM)}
-    pair = [LiteLLMProxy(config, env=env, name=f"litellm{i}") for i in range(2)]
-    for proxy in pair:
-        shutil.copyfile(LIMIT_AUTH, proxy.workdir / LIMIT_AUTH.name)
-    try:
-        yield start_all(pair)
-    finally:
-        stop_all(pair)
+    deployment = mock_deployment(LITELLM_MODEL)
+    replicas = [(f"litellm{i}", True) for i in range(2)]  # fail_closed_rate_limit_enforcement
+    cache = cluster_cache(cluster.startup_nodes)
+    with running_litellm_limiter(deployment, cache, replicas, window_s=WINDOW_S, rpm=RPM) as pair:
+        yield pair
 
 
 async def test_litellm_limiter_when_a_slot_moves(
@@ -290,8 +252,7 @@ async def test_litellm_limiter_when_a_slot_moves(
 ) -> None:
     sync = RedisCluster(host="127.0.0.1", port=cluster.ports[0], socket_timeout=5)
     recorder = Recorder()
-    async with litellm_replicas[0].async_client() as c0, litellm_replicas[1].async_client() as c1:
-        targets = [(litellm_replicas[0], c0), (litellm_replicas[1], c1)]
+    async with connected(litellm_replicas) as targets:
         healthy = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
         (window_key,) = [k.decode() for k in sync.scan_iter(match="{api_key:*}:window")]
         slot = key_slot(window_key.encode())

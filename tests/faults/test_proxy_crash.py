@@ -21,28 +21,29 @@ reservations kept counting after the kill: until the end of window 0, at most ``
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 import redis
 
-from litellm_ratebalance.store.keys import KeySpace
 from tests.e2e.conftest import StartProxies
-from tests.e2e.harness import LiteLLMProxy, chat_body, litellm_binary, mock_deployment, start_all, stop_all
+from tests.e2e.harness import LiteLLMProxy, chat_body, mock_deployment
+from tests.faults.replicas import ratebalance_config, redis_cache, running_litellm_limiter
 from tests.faults.support import (
     ERROR,
     REFUSED,
+    Load,
     Outcome,
     Recorder,
+    Target,
     by_status,
-    keys_without_ttl,
-    read_window,
+    connected,
+    litellm_window_start,
     sigkill,
     steady,
+    until_litellm_window_ends,
 )
 from tests.servers import RedisServer
 
@@ -57,20 +58,14 @@ GUARD_S = 0.8
 INTERVAL_S = 0.1
 MOCK_DELAY_S = 1.5
 KILL_AT_S = 0.6
+LOAD = Load(PREFIX, MODEL, WINDOW_S, interval_s=INTERVAL_S, guard_s=GUARD_S)
 
-CONFIG: dict[str, Any] = {
-    "model_list": [mock_deployment(MODEL, rpm=RPM, mock_delay=MOCK_DELAY_S)],
-    "litellm_settings": {
-        "callbacks": ["litellm_ratebalance.rate_limiter"],
-        "ratebalance": {
-            "key_prefix": PREFIX,
-            # Redis stays up here: a slow call on 2 busy cores must not fail open and blur the counts.
-            "store_timeout_seconds": 5.0,
-            "limiter": {"window_seconds": WINDOW_S},
-        },
-    },
-    "router_settings": {"num_retries": 0},
-}
+CONFIG: dict[str, Any] = ratebalance_config(
+    LOAD,
+    mock_deployment(MODEL, rpm=RPM, mock_delay=MOCK_DELAY_S),
+    # Redis stays up here: a slow call on 2 busy cores must not fail open and blur the counts.
+    timeout_s=5.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -84,18 +79,16 @@ def pair(proxies: StartProxies, own_redis: RedisServer) -> list[LiteLLMProxy]:
     return proxies(CONFIG, redis_url=own_redis.url, count=2)
 
 
-async def one_window(
-    loads: list[tuple[LiteLLMProxy, Any]],
+async def load_and_kill(
+    loads: Sequence[Target],
     recorder: Recorder,
-    sync: redis.Redis,
-    *,
-    kill: LiteLLMProxy | None = None,
-) -> tuple[dict[str, int], float, float | None]:
-    """Steady load on ``loads`` for one window (see tests/faults/support.py); ``kill`` is SIGKILLed
-    ``KILL_AT_S`` in. Returns the window's final counters, the time the phase began and the kill time."""
-    keys = KeySpace(PREFIX)
-    began = time.time()
-    tasks: set[asyncio.Task[Outcome]] = set()
+    began: float,
+    tasks: set[asyncio.Task[Outcome]],
+    kill: LiteLLMProxy | None,
+) -> float | None:
+    """Steady load on each of ``loads`` (one loader each, so that the load balancer can take one out) until
+    ``GUARD_S`` before the window that began at ``began`` ends, requests added to ``tasks``; ``kill`` is
+    SIGKILLed ``KILL_AT_S`` in. Returns the kill time."""
     stops = {proxy.name: asyncio.Event() for proxy, _ in loads}
     loaders = [
         asyncio.create_task(
@@ -118,12 +111,23 @@ async def one_window(
         killed_at = time.time()
         sigkill(kill)
     await asyncio.gather(*loaders)
-    start_ms = read_window(sync, keys, MODEL)["start"]
-    assert start_ms >= began * 1000 - 50, "the phase did not start a new window"
+    return killed_at
+
+
+async def one_window(
+    loads: Sequence[Target],
+    recorder: Recorder,
+    sync: redis.Redis,
+    *,
+    kill: LiteLLMProxy | None = None,
+) -> tuple[dict[str, int], float, float | None]:
+    """Steady load on ``loads`` for one window (see tests/faults/support.py); ``kill`` is SIGKILLed
+    ``KILL_AT_S`` in. Returns the window's final counters, the time the phase began and the kill time."""
+    began = time.time()
+    tasks: set[asyncio.Task[Outcome]] = set()
+    killed_at = await load_and_kill(loads, recorder, began, tasks, kill)
     # Wait for the window to end (its counters are final: nothing is decided before the next phase).
-    await asyncio.sleep(max(0.0, start_ms / 1000 + WINDOW_S + 0.05 - time.time()))
-    counters = read_window(sync, keys, MODEL)
-    assert counters["start"] == start_ms
+    counters = await LOAD.window_end(sync, began)
     await asyncio.gather(*tasks)
     return counters, began, killed_at
 
@@ -132,10 +136,10 @@ async def test_sigkill_of_a_replica_with_requests_in_flight(pair: list[LiteLLMPr
     a, b = pair
     sync = redis.Redis.from_url(own_redis.url, socket_timeout=2)
     recorder = Recorder()
-    async with a.async_client() as client_a, b.async_client() as client_b:
-        w0, began0, killed_at = await one_window([(a, client_a), (b, client_b)], recorder, sync, kill=a)
-        w1, began1, _ = await one_window([(b, client_b)], recorder, sync)
-        w2, began2, _ = await one_window([(b, client_b)], recorder, sync)
+    async with connected(pair) as targets:
+        w0, began0, killed_at = await one_window(targets, recorder, sync, kill=a)
+        w1, began1, _ = await one_window(targets[1:], recorder, sync)
+        w2, began2, _ = await one_window(targets[1:], recorder, sync)
     assert killed_at is not None
     ends = [began1, began2, time.time()]
 
@@ -168,70 +172,31 @@ async def test_sigkill_of_a_replica_with_requests_in_flight(pair: list[LiteLLMPr
         assert all(o.counted for o in outcomes if o.status == 200)
         assert all(o.retry_after is not None and int(o.retry_after) >= 1 for o in outcomes if o.status == 429)
     assert w0["start"] / 1000 + WINDOW_S - killed_at <= WINDOW_S
-    assert keys_without_ttl(sync, PREFIX) == []
-    assert sync.pttl(KeySpace(PREFIX).admission_window(MODEL)) > 0
+    assert LOAD.keys_without_ttl(sync) == []
+    assert sync.pttl(LOAD.keys.admission_window(MODEL)) > 0
     sync.close()
 
 
 # -- the same fault under LiteLLM's own limiter -------------------------------------------------------------
-LIMIT_AUTH = Path(__file__).with_name("limit_auth.py")
 
 
 @pytest.fixture(scope="module")
 def litellm_pair(own_redis: RedisServer) -> Iterator[list[LiteLLMProxy]]:
-    if litellm_binary() is None:
-        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
-    config = {
-        "model_list": [mock_deployment(MODEL, mock_delay=MOCK_DELAY_S)],
-        "litellm_settings": {
-            "cache": True,
-            "cache_params": {"type": "redis", "host": "127.0.0.1", "port": own_redis.port, "mode": "default_off"},
-        },
-        "general_settings": {"custom_auth": "limit_auth.user_api_key_auth"},
-        "router_settings": {"num_retries": 0},
-    }
-    env = {"LITELLM_RATE_LIMIT_WINDOW_SIZE": str(WINDOW_S), "RATEBALANCE_FAULTS_RPM_LIMIT": str(RPM)}
-    pair = [LiteLLMProxy(config, env=env, name=f"litellm{i}") for i in range(2)]
-    for proxy in pair:
-        shutil.copyfile(LIMIT_AUTH, proxy.workdir / LIMIT_AUTH.name)
-    try:
-        yield start_all(pair)
-    finally:
-        stop_all(pair)
+    deployment = mock_deployment(MODEL, mock_delay=MOCK_DELAY_S)
+    replicas = [(f"litellm{i}", False) for i in range(2)]
+    with running_litellm_limiter(deployment, redis_cache(own_redis.port), replicas, window_s=WINDOW_S, rpm=RPM) as pair:
+        yield pair
 
 
 async def litellm_window(
-    loads: list[tuple[LiteLLMProxy, Any]], recorder: Recorder, *, kill: LiteLLMProxy | None = None
+    loads: Sequence[Target], recorder: Recorder, *, kill: LiteLLMProxy | None = None
 ) -> tuple[float, float | None]:
     """As :func:`one_window`, for LiteLLM's windows (whole seconds of Redis TIME: see
     ``tests.faults.support.litellm_window_phase``); returns the time the phase began and the kill time."""
-    await asyncio.sleep(1.02 - time.time() % 1)
-    began = time.time()
+    began = await litellm_window_start()
     tasks: set[asyncio.Task[Outcome]] = set()
-    stops = {proxy.name: asyncio.Event() for proxy, _ in loads}
-    until = began + WINDOW_S - GUARD_S
-    loaders = [
-        asyncio.create_task(
-            steady(
-                [(p, c)],
-                chat_body(MODEL),
-                recorder,
-                until=until,
-                interval_s=INTERVAL_S,
-                tasks=tasks,
-                stop=stops[p.name],
-            )
-        )
-        for p, c in loads
-    ]
-    killed_at: float | None = None
-    if kill is not None:
-        await asyncio.sleep(KILL_AT_S)
-        stops[kill.name].set()
-        killed_at = time.time()
-        sigkill(kill)
-    await asyncio.gather(*loaders)
-    await asyncio.sleep(max(0.0, int(began) + WINDOW_S + 0.05 - time.time()))
+    killed_at = await load_and_kill(loads, recorder, began, tasks, kill)
+    await until_litellm_window_ends(began, WINDOW_S)
     await asyncio.gather(*tasks)
     return began, killed_at
 
@@ -239,10 +204,10 @@ async def litellm_window(
 async def test_litellm_limiter_when_a_replica_is_killed(litellm_pair: list[LiteLLMProxy]) -> None:
     a, b = litellm_pair
     recorder = Recorder()
-    async with a.async_client() as client_a, b.async_client() as client_b:
-        began0, _ = await litellm_window([(a, client_a), (b, client_b)], recorder, kill=a)
-        began1, _ = await litellm_window([(b, client_b)], recorder)
-        began2, _ = await litellm_window([(b, client_b)], recorder)
+    async with connected(litellm_pair) as targets:
+        began0, _ = await litellm_window(targets, recorder, kill=a)
+        began1, _ = await litellm_window(targets[1:], recorder)
+        began2, _ = await litellm_window(targets[1:], recorder)
     ends = [began1, began2, time.time()]
     b_windows = [recorder.between([began0, began1, began2][i], ends[i], b.name) for i in range(3)]
     a0 = recorder.between(began0, began1, a.name)

@@ -24,17 +24,33 @@ What must hold (asserted below):
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from tests.e2e.harness import LiteLLMProxy, litellm_binary, mock_deployment, start_all, stop_all
-from tests.faults.support import Load, Outcome, Recorder, by_status, keys_without_ttl, litellm_window_phase, steady
+from tests.e2e.harness import LiteLLMProxy, mock_deployment
+from tests.faults.replicas import (
+    OPEN_AND_CLOSED,
+    ratebalance_config,
+    redis_cache,
+    running_fail_modes,
+    running_litellm_limiter,
+)
+from tests.faults.support import (
+    Load,
+    Recorder,
+    admitted,
+    by_status,
+    connected,
+    litellm_window_phase,
+    load_for,
+    of_replica,
+    per_replica,
+    rounded,
+)
 from tests.servers import RedisServer
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
@@ -52,23 +68,16 @@ SLACK_S = 0.8
 
 
 def config(fail_mode: str) -> dict[str, Any]:
-    return {
-        "model_list": [mock_deployment(MODEL, rpm=RPM)],
-        "litellm_settings": {
-            "callbacks": ["litellm_ratebalance.rate_limiter"],
-            "ratebalance": {
-                "key_prefix": PREFIX,
-                "fail_mode": fail_mode,
-                # Redis answers at once here (an OOM error is an answer): a slow call on 2 busy cores must not
-                # fail open while Redis is healthy and blur the exact counts.
-                "store_timeout_seconds": 5.0,
-                "store_retry_after_seconds": RETRY_AFTER_S,
-                "fault_log_interval_seconds": 3600,
-                "limiter": {"window_seconds": WINDOW_S},
-            },
-        },
-        "router_settings": {"num_retries": 0},
-    }
+    return ratebalance_config(
+        LOAD,
+        mock_deployment(MODEL, rpm=RPM),
+        fail_mode=fail_mode,
+        # Redis answers at once here (an OOM error is an answer): a slow call on 2 busy cores must not fail
+        # open while Redis is healthy and blur the exact counts.
+        timeout_s=5.0,
+        retry_after_s=RETRY_AFTER_S,
+        fault_log_interval_s=3600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +88,8 @@ def own_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def replicas(own_redis: RedisServer) -> Iterator[list[LiteLLMProxy]]:
-    if litellm_binary() is None:
-        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
-    pair = [LiteLLMProxy(config(mode), redis_url=own_redis.url, name=mode) for mode in ("open", "closed")]
-    try:
-        yield start_all(pair)
-    finally:
-        stop_all(pair)
+    with running_fail_modes(config, redis_url=own_redis.url) as pair:
+        yield pair
 
 
 def used_memory(sync: redis.Redis) -> int:
@@ -99,8 +103,7 @@ async def test_redis_out_of_memory_applies_the_fail_mode_and_recovers_without_re
     open_, closed = replicas
     sync = redis.Redis.from_url(own_redis.url, socket_timeout=5)
     recorder = Recorder()
-    async with open_.async_client() as client_open, closed.async_client() as client_closed:
-        targets = [(open_, client_open), (closed, client_closed)]
+    async with connected(replicas) as targets:
         healthy, healthy_outcomes = await LOAD.window_phase(targets, recorder, sync)
 
         # Full: one big key (not ours), then maxmemory set below what Redis now uses, by a margin no client
@@ -113,14 +116,7 @@ async def test_redis_out_of_memory_applies_the_fail_mode_and_recovers_without_re
             sync.set("not-ours:probe", b"1")  # Redis refuses writes now
         before = LOAD.window(sync)
         full_from = time.time()
-        tasks: set[Any] = set()
-        await steady(
-            targets, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20},
-            recorder, until=full_from + FULL_S, interval_s=LOAD.interval_s, tasks=tasks,
-        )  # fmt: skip
-        for task in tasks:
-            await task
-        full_outcomes: list[Outcome] = recorder.between(full_from, time.time())
+        full_outcomes = await load_for(targets, recorder, MODEL, since=full_from, seconds=FULL_S)
         during = LOAD.window(sync)
 
         # Freed: delete the big key; nothing restarts.
@@ -131,15 +127,15 @@ async def test_redis_out_of_memory_applies_the_fail_mode_and_recovers_without_re
         await LOAD.until_window_ends(sync)
         after, after_outcomes = await LOAD.window_phase(targets, recorder, sync)
 
-    full_open = [o for o in full_outcomes if o.replica == open_.name]
-    full_closed = [o for o in full_outcomes if o.replica == closed.name]
+    full_open = of_replica(full_outcomes, open_)
+    full_closed = of_replica(full_outcomes, closed)
     report = {
         "healthy": by_status(healthy_outcomes),
         "healthy r": healthy["r"],
         "full open": by_status(full_open),
         "full closed": by_status(full_closed),
         "window before/after the full phase": (before, during),
-        "recovered after (s)": {k: None if v is None else round(v, 2) for k, v in recovered.items()},
+        "recovered after (s)": rounded(recovered),
         "after": by_status(after_outcomes),
         "after r": after["r"],
     }
@@ -166,45 +162,21 @@ async def test_redis_out_of_memory_applies_the_fail_mode_and_recovers_without_re
         assert seconds is not None and seconds <= RETRY_AFTER_S + SLACK_S, (name, report)
     assert all(proxy.running for proxy in (open_, closed))
     assert after["r"] == RPM and by_status(after_outcomes) == {200: RPM, 429: len(after_outcomes) - RPM}, report
-    assert keys_without_ttl(sync, PREFIX) == []
+    assert LOAD.keys_without_ttl(sync) == []
     sync.close()
 
 
 # -- the same fault under LiteLLM's own limiter -------------------------------------------------------------
 LITELLM_MODEL = "oom-litellm"
-LIMIT_AUTH = Path(__file__).with_name("limit_auth.py")
-
-
-def litellm_config(own_redis: RedisServer, *, fail_closed: bool) -> dict[str, Any]:
-    general: dict[str, Any] = {"custom_auth": "limit_auth.user_api_key_auth"}
-    if fail_closed:
-        general["fail_closed_rate_limit_enforcement"] = True
-    return {
-        "model_list": [mock_deployment(LITELLM_MODEL)],
-        "litellm_settings": {
-            "cache": True,
-            "cache_params": {"type": "redis", "host": "127.0.0.1", "port": own_redis.port, "mode": "default_off"},
-        },
-        "general_settings": general,
-        "router_settings": {"num_retries": 0},
-    }
 
 
 @pytest.fixture(scope="module")
 def litellm_replicas(own_redis: RedisServer) -> Iterator[list[LiteLLMProxy]]:
-    if litellm_binary() is None:
-        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
-    env = {"LITELLM_RATE_LIMIT_WINDOW_SIZE": str(WINDOW_S), "RATEBALANCE_FAULTS_RPM_LIMIT": str(RPM)}
-    pair = [
-        LiteLLMProxy(litellm_config(own_redis, fail_closed=closed), env=env, name=name)
-        for name, closed in (("litellm-open", False), ("litellm-closed", True))
-    ]
-    for proxy in pair:
-        shutil.copyfile(LIMIT_AUTH, proxy.workdir / LIMIT_AUTH.name)
-    try:
-        yield start_all(pair)
-    finally:
-        stop_all(pair)
+    deployment = mock_deployment(LITELLM_MODEL)
+    with running_litellm_limiter(
+        deployment, redis_cache(own_redis.port), OPEN_AND_CLOSED, window_s=WINDOW_S, rpm=RPM
+    ) as pair:
+        yield pair
 
 
 async def test_litellm_limiter_when_redis_is_out_of_memory(
@@ -214,8 +186,7 @@ async def test_litellm_limiter_when_redis_is_out_of_memory(
     sync = redis.Redis.from_url(own_redis.url, socket_timeout=5)
     sync.config_set("maxmemory", 0)
     recorder = Recorder()
-    async with open_.async_client() as client_open, closed.async_client() as client_closed:
-        targets = [(open_, client_open), (closed, client_closed)]
+    async with connected(litellm_replicas) as targets:
         healthy = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
         base = used_memory(sync)
         sync.set(FILLER_KEY, b"x" * FILLER_BYTES)
@@ -224,21 +195,15 @@ async def test_litellm_limiter_when_redis_is_out_of_memory(
         sync.delete(FILLER_KEY)
         after = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
 
-    def per_replica(outcomes: list[Outcome]) -> dict[str, dict[int | str, int]]:
-        return {p.name: by_status(o for o in outcomes if o.replica == p.name) for p in (open_, closed)}
-
-    full_closed = sorted((o for o in full if o.replica == closed.name), key=lambda o: o.sent)
+    full_closed = sorted(of_replica(full, closed), key=lambda o: o.sent)
     report = {
-        "healthy": per_replica(healthy),
-        "full": per_replica(full),
+        "healthy": per_replica(healthy, litellm_replicas),
+        "full": per_replica(full, litellm_replicas),
         "full closed, served at rank": [i for i, o in enumerate(full_closed) if o.status == 200],
         "full closed retry-after": sorted({str(o.retry_after) for o in full_closed if o.status == 503}),
-        "after": per_replica(after),
+        "after": per_replica(after, litellm_replicas),
     }
     print(report)
-
-    def admitted(outcomes: list[Outcome]) -> int:
-        return sum(o.status == 200 for o in outcomes)
 
     assert admitted(healthy) == RPM and admitted(after) == RPM, report  # exact across both replicas when healthy
     assert all(o.status in (200, 429) for o in [*healthy, *after]), report
@@ -246,7 +211,7 @@ async def test_litellm_limiter_when_redis_is_out_of_memory(
     # itself (every fail-open replica would: n replicas admit n x the limit); the fail-closed one
     # (fail_closed_rate_limit_enforcement) refuses with 503 (no retry-after), except, in some runs, the first
     # request of the window (both replicas send one at once: whichever restarts the window in Redis).
-    full_open = [o for o in full if o.replica == open_.name]
+    full_open = of_replica(full, open_)
     assert by_status(full_open) == {200: RPM, 429: len(full_open) - RPM}, report
     assert all(o.status == 503 for o in full_closed[1:]) and full_closed[0].status in (200, 503), report
     sync.close()

@@ -26,26 +26,34 @@ import contextlib
 import io
 import json
 import math
-import shutil
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from tests.e2e.harness import LiteLLMProxy, chat_body, litellm_binary, mock_deployment, start_all, stop_all
+from tests.e2e.harness import LiteLLMProxy, chat_body, mock_deployment
+from tests.faults.replicas import (
+    OPEN_AND_CLOSED,
+    ratebalance_config,
+    running_fail_modes,
+    running_litellm_limiter,
+    sentinel_cache,
+)
 from tests.faults.sentinel import SERVICE, SentinelSet
 from tests.faults.support import (
     Load,
-    Outcome,
     Recorder,
+    admitted,
     by_status,
-    keys_without_ttl,
+    connected,
     litellm_window_phase,
+    load_for,
+    of_replica,
+    per_replica,
+    rounded,
     send_one,
-    steady,
 )
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
@@ -68,39 +76,21 @@ def redis_set() -> Iterator[SentinelSet]:
 
 
 def config(redis_set: SentinelSet, fail_mode: str) -> dict[str, Any]:
-    return {
-        "model_list": [mock_deployment(MODEL, rpm=RPM)],
-        "litellm_settings": {
-            "callbacks": ["litellm_ratebalance.rate_limiter"],
-            "cache": True,
-            "cache_params": {
-                "type": "redis",
-                "mode": "default_off",
-                "sentinel_nodes": redis_set.sentinel_nodes,
-                "service_name": SERVICE,
-            },
-            "ratebalance": {
-                "key_prefix": PREFIX,
-                "fail_mode": fail_mode,
-                "store_timeout_seconds": TIMEOUT_S,
-                "store_retry_after_seconds": RETRY_AFTER_S,
-                "fault_log_interval_seconds": 3600,
-                "limiter": {"window_seconds": WINDOW_S},
-            },
-        },
-        "router_settings": {"num_retries": 0},
-    }
+    return ratebalance_config(
+        LOAD,
+        mock_deployment(MODEL, rpm=RPM),
+        fail_mode=fail_mode,
+        timeout_s=TIMEOUT_S,
+        retry_after_s=RETRY_AFTER_S,
+        fault_log_interval_s=3600,
+        cache_params=sentinel_cache(redis_set.sentinel_nodes, SERVICE),
+    )
 
 
 @pytest.fixture(scope="module")
 def replicas(redis_set: SentinelSet) -> Iterator[list[LiteLLMProxy]]:
-    if litellm_binary() is None:
-        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
-    pair = [LiteLLMProxy(config(redis_set, mode), name=mode) for mode in ("open", "closed")]
-    try:
-        yield start_all(pair)
-    finally:
-        stop_all(pair)
+    with running_fail_modes(lambda mode: config(redis_set, mode)) as pair:
+        yield pair
 
 
 async def read_status(proxy: LiteLLMProxy) -> dict[str, Any]:
@@ -124,8 +114,7 @@ async def test_master_killed_the_replica_takes_over(redis_set: SentinelSet, repl
     recorder = Recorder()
     old_port = redis_set.master_port()
     sync = redis.Redis(host="127.0.0.1", port=old_port, socket_timeout=2)
-    async with open_.async_client() as client_open, closed.async_client() as client_closed:
-        targets = [(open_, client_open), (closed, client_closed)]
+    async with connected(replicas) as targets:
         healthy, healthy_outcomes = await LOAD.window_phase(targets, recorder, sync)
         sync.close()
         status_before = await read_status(open_)
@@ -141,16 +130,17 @@ async def test_master_killed_the_replica_takes_over(redis_set: SentinelSet, repl
         sync = redis.Redis(host="127.0.0.1", port=new_port, socket_timeout=2)
         await LOAD.until_window_ends(sync)
         after, after_outcomes = await LOAD.window_phase(targets, recorder, sync)
+        client_open = targets[0][1]
         one_more = await send_one(client_open, open_, chat_body(MODEL), recorder)  # opens a new window
         status_after = await read_status(open_)
 
-    switch_open = [o for o in switch_outcomes if o.replica == open_.name]
-    switch_closed = [o for o in switch_outcomes if o.replica == closed.name]
+    switch_open = of_replica(switch_outcomes, open_)
+    switch_closed = of_replica(switch_outcomes, closed)
     report = {
         "healthy": (by_status(healthy_outcomes), healthy["r"]),
         "master port old/new": (old_port, new_port),
         "sentinels named the new master after (s)": round(failover_s, 2),
-        "counting again after the kill (s)": {k: None if v is None else round(v, 2) for k, v in recovered.items()},
+        "counting again after the kill (s)": rounded(recovered),
         "switch open": by_status(switch_open),
         "switch open counted": sum(o.counted for o in switch_open),
         "switch closed": by_status(switch_closed),
@@ -178,12 +168,11 @@ async def test_master_killed_the_replica_takes_over(redis_set: SentinelSet, repl
     (group,) = status_after["model_groups"]
     assert one_more.counted and (group["model_group"], group["requests"], group["window"]["live"]) == (MODEL, 1, True)
     assert sync.pttl(LOAD.keys.admission_window(MODEL)) > 0
-    assert keys_without_ttl(sync, PREFIX) == []
+    assert LOAD.keys_without_ttl(sync) == []
     sync.close()
 
 
 # -- the same fault under LiteLLM's own limiter -------------------------------------------------------------
-LIMIT_AUTH = Path(__file__).with_name("limit_auth.py")
 SWITCH_LOAD_S = 8.0
 """Load after the kill under LiteLLM's limiter: the sentinels' switch (about 2.5 s) and a few seconds more."""
 
@@ -196,35 +185,9 @@ def litellm_redis_set() -> Iterator[SentinelSet]:
 
 @pytest.fixture(scope="module")
 def litellm_replicas(litellm_redis_set: SentinelSet) -> Iterator[list[LiteLLMProxy]]:
-    if litellm_binary() is None:
-        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
-    env = {"LITELLM_RATE_LIMIT_WINDOW_SIZE": str(WINDOW_S), "RATEBALANCE_FAULTS_RPM_LIMIT": str(RPM)}
-    pair = []
-    for name, closed in (("litellm-open", False), ("litellm-closed", True)):
-        general: dict[str, Any] = {"custom_auth": "limit_auth.user_api_key_auth"}
-        if closed:
-            general["fail_closed_rate_limit_enforcement"] = True
-        config = {
-            "model_list": [mock_deployment(MODEL)],
-            "litellm_settings": {
-                "cache": True,
-                "cache_params": {
-                    "type": "redis",
-                    "mode": "default_off",
-                    "sentinel_nodes": litellm_redis_set.sentinel_nodes,
-                    "service_name": SERVICE,
-                },
-            },
-            "general_settings": general,
-            "router_settings": {"num_retries": 0},
-        }
-        pair.append(LiteLLMProxy(config, env=env, name=name))
-    for proxy in pair:
-        shutil.copyfile(LIMIT_AUTH, proxy.workdir / LIMIT_AUTH.name)
-    try:
-        yield start_all(pair)
-    finally:
-        stop_all(pair)
+    cache = sentinel_cache(litellm_redis_set.sentinel_nodes, SERVICE)
+    with running_litellm_limiter(mock_deployment(MODEL), cache, OPEN_AND_CLOSED, window_s=WINDOW_S, rpm=RPM) as pair:
+        yield pair
 
 
 async def test_litellm_limiter_when_the_master_is_killed(
@@ -233,39 +196,31 @@ async def test_litellm_limiter_when_the_master_is_killed(
     open_, closed = litellm_replicas
     recorder = Recorder()
     old_port = litellm_redis_set.master_port()
-    async with open_.async_client() as client_open, closed.async_client() as client_closed:
-        targets = [(open_, client_open), (closed, client_closed)]
+    async with connected(litellm_replicas) as targets:
         healthy = await litellm_window_phase(targets, recorder, MODEL, window_s=WINDOW_S)
         killed_at = time.time()
         litellm_redis_set.kill_master()
         failover = asyncio.create_task(asyncio.to_thread(litellm_redis_set.wait_for_new_master, old_port))
-        tasks: set[asyncio.Task[Outcome]] = set()
-        until = killed_at + SWITCH_LOAD_S
-        await steady(targets, chat_body(MODEL), recorder, until=until, interval_s=LOAD.interval_s, tasks=tasks)
-        await asyncio.gather(*tasks)
+        switch = await load_for(targets, recorder, MODEL, since=killed_at, seconds=SWITCH_LOAD_S)
         failover_s = await failover
-        switch = recorder.between(killed_at, time.time())
         await asyncio.sleep(1.0)
         after = await litellm_window_phase(targets, recorder, MODEL, window_s=WINDOW_S)
 
-    def per_replica(outcomes: list[Outcome]) -> dict[str, dict[int | str, int]]:
-        return {p.name: by_status(o for o in outcomes if o.replica == p.name) for p in (open_, closed)}
-
-    switch_closed = sorted((o for o in switch if o.replica == closed.name), key=lambda o: o.sent)
+    switch_closed = sorted(of_replica(switch, closed), key=lambda o: o.sent)
     failing = [o for o in switch_closed if o.status not in (200, 429)]
     last_failure = max((o.sent for o in failing), default=killed_at) - killed_at
     report = {
         "healthy": by_status(healthy),
         "sentinels named the new master after (s)": round(failover_s, 2),
-        "switch open": by_status(o for o in switch if o.replica == open_.name),
+        "switch open": by_status(of_replica(switch, open_)),
         "switch closed": by_status(switch_closed),
         "closed: last failure sent after the kill (s)": round(last_failure, 2),
         "switch latency worst (s)": round(max(o.latency for o in switch), 2),
-        "after": per_replica(after),
+        "after": per_replica(after, litellm_replicas),
     }
     print(report)
 
-    assert sum(o.status == 200 for o in healthy) == RPM, report  # exact across both replicas when healthy
+    assert admitted(healthy) == RPM, report  # exact across both replicas when healthy
     # LiteLLM's Redis client has a circuit breaker of its own: five failures in a row open it for 60 s, so the
     # limiter does not go back to Redis for a minute, however soon the sentinels name the new master.
     logged = [line for line in closed.log_text().splitlines() if "Redis circuit breaker OPENED" in line]
@@ -275,7 +230,7 @@ async def test_litellm_limiter_when_the_master_is_killed(
     late = [o for o in [*switch_closed, *after] if o.replica == closed.name and o.sent > killed_at + 1.0]
     assert late and all(o.status == 503 for o in late), report
     # Fail open: each replica counts in its own memory: at most the limit per window, from this replica alone.
-    switch_open = [o for o in switch if o.replica == open_.name]
+    switch_open = of_replica(switch, open_)
     assert all(o.status in (200, 429) for o in switch_open), report
     assert sum(o.status == 200 for o in switch_open) <= RPM * (math.ceil(SWITCH_LOAD_S / WINDOW_S) + 1), report
-    assert by_status(o for o in after if o.replica == open_.name).get(200) == RPM, report
+    assert by_status(of_replica(after, open_)).get(200) == RPM, report

@@ -29,27 +29,36 @@ from __future__ import annotations
 
 import asyncio
 import math
-import shutil
 import statistics
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from tests.e2e.harness import LiteLLMProxy, chat_body, litellm_binary, mock_deployment, start_all, stop_all
+from tests.e2e.harness import LiteLLMProxy, chat_body, mock_deployment
 from tests.faults.delay_proxy import DelayProxy
+from tests.faults.replicas import (
+    OPEN_AND_CLOSED,
+    ratebalance_config,
+    redis_cache,
+    running_fail_modes,
+    running_litellm_limiter,
+)
 from tests.faults.support import (
     Load,
     Outcome,
     Recorder,
+    admitted,
     by_status,
-    keys_without_ttl,
+    connected,
     litellm_window_phase,
+    load_for,
+    of_replica,
+    per_replica,
+    rounded,
     send_one,
-    steady,
 )
 from tests.servers import RedisServer
 
@@ -71,21 +80,14 @@ SLACK_S = 0.6
 
 
 def config(fail_mode: str) -> dict[str, Any]:
-    return {
-        "model_list": [mock_deployment(MODEL, rpm=RPM)],
-        "litellm_settings": {
-            "callbacks": ["litellm_ratebalance.rate_limiter"],
-            "ratebalance": {
-                "key_prefix": PREFIX,
-                "fail_mode": fail_mode,
-                "store_timeout_seconds": TIMEOUT_S,
-                "store_retry_after_seconds": RETRY_AFTER_S,
-                "fault_log_interval_seconds": 3600,
-                "limiter": {"window_seconds": WINDOW_S},
-            },
-        },
-        "router_settings": {"num_retries": 0},
-    }
+    return ratebalance_config(
+        LOAD,
+        mock_deployment(MODEL, rpm=RPM),
+        fail_mode=fail_mode,
+        timeout_s=TIMEOUT_S,
+        retry_after_s=RETRY_AFTER_S,
+        fault_log_interval_s=3600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +104,8 @@ def slow_link(own_redis: RedisServer) -> Iterator[DelayProxy]:
 
 @pytest.fixture(scope="module")
 def replicas(slow_link: DelayProxy) -> Iterator[list[LiteLLMProxy]]:
-    if litellm_binary() is None:
-        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
-    pair = [LiteLLMProxy(config(mode), redis_url=slow_link.url, name=mode) for mode in ("open", "closed")]
-    try:
-        yield start_all(pair)
-    finally:
-        stop_all(pair)
+    with running_fail_modes(config, redis_url=slow_link.url) as pair:
+        yield pair
 
 
 async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
@@ -117,8 +114,7 @@ async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
     open_, closed = replicas
     sync = redis.Redis.from_url(own_redis.url, socket_timeout=2)  # direct, not through the delay
     recorder = Recorder()
-    async with open_.async_client() as client_open, closed.async_client() as client_closed:
-        targets = [(open_, client_open), (closed, client_closed)]
+    async with connected(replicas) as targets:
         # Warm-up (store clients made, scripts loaded) with the burst done healthy: its latency is the baseline
         # of the burst done slow below. Then a window of steady load: the baseline of single requests.
         healthy_burst = await asyncio.gather(
@@ -130,11 +126,7 @@ async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
         # Slow: steady load.
         slow_link.delay_s = DELAY_S
         slow_from = time.time()
-        tasks: set[asyncio.Task[Outcome]] = set()
-        until = slow_from + SLOW_S
-        await steady(targets, chat_body(MODEL), recorder, until=until, interval_s=LOAD.interval_s, tasks=tasks)
-        await asyncio.gather(*tasks)
-        slow_outcomes = recorder.between(slow_from, time.time())
+        slow_outcomes = await load_for(targets, recorder, MODEL, since=slow_from, seconds=SLOW_S)
         # Still slow: a burst, once the breaker has closed again (the first request of it pays the timeout).
         await asyncio.sleep(RETRY_AFTER_S)
         burst = await asyncio.gather(
@@ -152,8 +144,8 @@ async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
 
     base_worst = max(o.latency for o in healthy_outcomes)
     base_median = statistics.median(o.latency for o in healthy_outcomes)
-    slow_open = [o for o in slow_outcomes if o.replica == open_.name]
-    slow_closed = [o for o in slow_outcomes if o.replica == closed.name]
+    slow_open = of_replica(slow_outcomes, open_)
+    slow_closed = of_replica(slow_outcomes, closed)
     waited = [o for o in slow_outcomes if o.latency > base_median + TIMEOUT_S / 2]
     report = {
         "healthy": by_status(healthy_outcomes),
@@ -171,7 +163,7 @@ async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
             round(max(o.latency for o in burst), 3),
         ),
         "burst": by_status(burst),
-        "recovered after (s)": {k: None if v is None else round(v, 2) for k, v in recovered.items()},
+        "recovered after (s)": rounded(recovered),
         "after": by_status(after_outcomes),
         "after r": after["r"],
     }
@@ -183,8 +175,8 @@ async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
     assert not any(o.counted for o in slow_open), report
     assert by_status(slow_closed) == {503: len(slow_closed)}, report
     assert all(o.retry_after == "1" for o in slow_closed)
-    burst_open = [o for o in burst if o.replica == open_.name]
-    burst_closed = [o for o in burst if o.replica == closed.name]
+    burst_open = of_replica(burst, open_)
+    burst_closed = of_replica(burst, closed)
     assert by_status(burst_open) == {200: BURST} and by_status(burst_closed) == {503: BURST}, report
     # Bounded by the timeout, not by the number of requests.
     assert max(o.latency for o in slow_outcomes) <= base_worst + TIMEOUT_S + SLACK_S, report
@@ -197,85 +189,49 @@ async def test_slow_redis_applies_the_fail_mode_with_bounded_latency(
     for name, seconds in recovered.items():
         assert seconds is not None and seconds <= RETRY_AFTER_S + TIMEOUT_S + SLACK_S, (name, report)
     assert after["r"] == RPM and by_status(after_outcomes) == {200: RPM, 429: len(after_outcomes) - RPM}, report
-    assert keys_without_ttl(sync, PREFIX) == []
+    assert LOAD.keys_without_ttl(sync) == []
     sync.close()
 
 
 # -- the same fault under LiteLLM's own limiter -------------------------------------------------------------
 LITELLM_MODEL = "slow-litellm"
-LIMIT_AUTH = Path(__file__).with_name("limit_auth.py")
-
-
-def litellm_config(link: DelayProxy, *, fail_closed: bool) -> dict[str, Any]:
-    general: dict[str, Any] = {"custom_auth": "limit_auth.user_api_key_auth"}
-    if fail_closed:
-        general["fail_closed_rate_limit_enforcement"] = True
-    return {
-        "model_list": [mock_deployment(LITELLM_MODEL)],
-        "litellm_settings": {
-            "cache": True,
-            "cache_params": {"type": "redis", "host": "127.0.0.1", "port": link.port, "mode": "default_off"},
-        },
-        "general_settings": general,
-        "router_settings": {"num_retries": 0},
-    }
 
 
 @pytest.fixture(scope="module")
 def litellm_replicas(slow_link: DelayProxy) -> Iterator[list[LiteLLMProxy]]:
-    if litellm_binary() is None:
-        pytest.skip("the litellm proxy executable is not installed (pip install 'litellm[proxy]')")
-    env = {"LITELLM_RATE_LIMIT_WINDOW_SIZE": str(WINDOW_S), "RATEBALANCE_FAULTS_RPM_LIMIT": str(RPM)}
-    pair = [
-        LiteLLMProxy(litellm_config(slow_link, fail_closed=closed), env=env, name=name)
-        for name, closed in (("litellm-open", False), ("litellm-closed", True))
-    ]
-    for proxy in pair:
-        shutil.copyfile(LIMIT_AUTH, proxy.workdir / LIMIT_AUTH.name)
-    try:
-        yield start_all(pair)
-    finally:
-        stop_all(pair)
+    deployment = mock_deployment(LITELLM_MODEL)
+    with running_litellm_limiter(
+        deployment, redis_cache(slow_link.port), OPEN_AND_CLOSED, window_s=WINDOW_S, rpm=RPM
+    ) as pair:
+        yield pair
 
 
 async def test_litellm_limiter_when_redis_is_slow(litellm_replicas: list[LiteLLMProxy], slow_link: DelayProxy) -> None:
-    open_, closed = litellm_replicas
     slow_link.delay_s = 0.0
     recorder = Recorder()
-    async with open_.async_client() as client_open, closed.async_client() as client_closed:
-        targets = [(open_, client_open), (closed, client_closed)]
+    async with connected(litellm_replicas) as targets:
+        open_, client_open = targets[0]
         await send_one(client_open, open_, chat_body(LITELLM_MODEL), Recorder())  # warm-up
         await asyncio.sleep(WINDOW_S + 1)
         healthy = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
         slow_link.delay_s = DELAY_S
-        slow_from = time.time()
-        tasks: set[asyncio.Task[Outcome]] = set()
-        until = slow_from + SLOW_S
-        await steady(targets, chat_body(LITELLM_MODEL), recorder, until=until, interval_s=LOAD.interval_s, tasks=tasks)
-        await asyncio.gather(*tasks)
-        slow = recorder.between(slow_from, time.time())
+        slow = await load_for(targets, recorder, LITELLM_MODEL, since=time.time(), seconds=SLOW_S)
         slow_link.delay_s = 0.0
         await asyncio.sleep(WINDOW_S + 1)
         after = await litellm_window_phase(targets, recorder, LITELLM_MODEL, window_s=WINDOW_S)
-
-    def per_replica(outcomes: list[Outcome]) -> dict[str, dict[int | str, int]]:
-        return {p.name: by_status(o for o in outcomes if o.replica == p.name) for p in (open_, closed)}
 
     def latencies(outcomes: list[Outcome]) -> tuple[float, float, float]:
         values = sorted(o.latency for o in outcomes)
         return round(values[0], 3), round(statistics.median(values), 3), round(values[-1], 3)
 
     report = {
-        "healthy": per_replica(healthy),
+        "healthy": per_replica(healthy, litellm_replicas),
         "healthy latency min/median/max (s)": latencies(healthy),
-        "slow": per_replica(slow),
+        "slow": per_replica(slow, litellm_replicas),
         "slow latency min/median/max (s)": latencies(slow),
-        "after": per_replica(after),
+        "after": per_replica(after, litellm_replicas),
     }
     print(report)
-
-    def admitted(outcomes: list[Outcome]) -> int:
-        return sum(o.status == 200 for o in outcomes)
 
     assert admitted(healthy) == RPM and admitted(after) == RPM, report  # exact across both replicas
     # Slow: no fail mode at all (not even with fail_closed_rate_limit_enforcement): every request waits for its
