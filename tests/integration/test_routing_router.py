@@ -41,6 +41,10 @@ BROKEN = {
 }
 ROUTING: dict[str, Any] = {"refresh_interval": 0.01, "exploration_share": 0.02}
 MESSAGES = [{"role": "user", "content": "hi"}]
+LOGGED_S = 0.02
+"""A pause between sequential requests that lets LiteLLM's success logging (a task of its own) record the
+previous one: without it, on a loaded machine a finished request can still count in flight at the next
+pick, and the least-loaded pick then passes over the deployment it just used."""
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +109,7 @@ async def test_proxy_callback_picks_through_the_filter_and_records() -> None:
     warm = await drive(r, 20)
     assert warm["fast"] and warm["slow"]  # bootstrap: both tried
     await rate_balancer.balancer().refresh("g")
-    later = await drive(r, 40)
+    later = await drive(r, 40, pause=LOGGED_S)
     assert later["fast"] >= 30, (later, rate_balancer.balancer().estimates("g", (Candidate("fast"), Candidate("slow"))))
     estimates = await settle(rate_balancer.balancer(), ("fast", "slow"), 60)
     assert estimates["fast"].requests_last_minute + estimates["slow"].requests_last_minute == 60
@@ -135,7 +139,7 @@ async def test_a_slow_first_answer_does_not_write_a_fast_deployment_off(monkeypa
     # Each answer logged before the next pick: the bootstrap ends after one answer from each.
     await drive(r, 20, pause=0.05)
     await rate_balancer.balancer().refresh("g")
-    later = await drive(r, 40)
+    later = await drive(r, 40, pause=LOGGED_S)
     assert answered["hiccup"] == 1
     assert later["fast"] >= 30, (later, rate_balancer.balancer().estimates("g", (Candidate("fast"), Candidate("slow"))))
 
@@ -227,7 +231,7 @@ async def test_sdk_strategy_picks_healthy_deployments_and_records() -> None:
         warm = await drive(r, 20)
         assert warm["fast"] and warm["slow"]
         await strategy.balancer().refresh("g")
-        later = await drive(r, 40)
+        later = await drive(r, 40, pause=LOGGED_S)
         assert later["fast"] >= 30, (later, strategy.balancer().estimates("g", (Candidate("fast"), Candidate("slow"))))
         estimates = await settle(strategy.balancer(), ("fast", "slow"), 60)
         assert estimates["fast"].requests_last_minute + estimates["slow"].requests_last_minute == 60
@@ -255,7 +259,7 @@ async def test_sdk_strategy_set_the_litellm_way_learns(monkeypatch: pytest.Monke
     assert [e.in_flight for e in estimates.values()] == [0, 0], estimates
     samples = sum(e.samples for e in estimates.values())
     assert samples > 0
-    later = await drive(r, 40)
+    later = await drive(r, 40, pause=LOGGED_S)
     assert later["fast"] >= 30, (later, balancer.estimates("g", both))
     estimates = await settle(balancer, ("fast", "slow"), 60)
     assert sum(e.requests_last_minute for e in estimates.values()) == 60
