@@ -69,9 +69,6 @@ class SettleQueue:
         newest = max((start for start, _ in pending.deltas), default=0)
         pending.drop_windows_before(newest - _KEEP_WINDOWS * window_ms)
 
-    def pending_groups(self) -> int:
-        return len(self._pending)
-
     def _arm(self) -> None:
         if self._timer is not None or (self._task is not None and not self._task.done()):
             return
