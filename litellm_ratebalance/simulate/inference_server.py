@@ -12,8 +12,12 @@ The model of the GPU (all parameters in :class:`ServerSpec`):
 * **Memory cliff.** Each running request holds ``prompt + generated`` tokens of KV cache. When the cache
   would pass ``memory_tokens``, the server fails like a GPU out of memory: every running request gets a
   500 ``CUDA out of memory (simulated)`` and the cache is emptied. There is no graceful degradation.
-* A request generates exactly ``max_tokens`` tokens (``default_max_tokens`` when unset), as benchmark
-  clients that ignore end-of-sequence do, so its cost is known in advance.
+* **Answer length.** By default a request generates exactly ``max_tokens`` tokens (``default_max_tokens``
+  when unset), as benchmark clients that ignore end-of-sequence do, so its cost is known in advance. With
+  ``answer_tokens = (low, high)`` every prompt has a natural answer length in that range instead
+  (:func:`answer_length`: a hash of the message text, so the same prompt always gets the same answer), and
+  a request stops at that length or at its ``max_tokens``, whichever comes first, as a real model stops at
+  end-of-sequence. A request without ``max_tokens`` then runs to its natural end.
 
 Endpoints: ``POST /v1/chat/completions`` (non-streaming OpenAI JSON with usage), ``GET /metrics`` (vLLM
 names, or TGI's with ``metrics_flavor="tgi"``), and control endpoints under ``/_sim/``: ``stats``
@@ -35,6 +39,7 @@ import subprocess
 import sys
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,7 +47,7 @@ from aiohttp import ClientSession, ClientTimeout, web
 
 from litellm_ratebalance.simulate.mock_openai import estimate_prompt_tokens
 
-__all__ = ["InferenceServer", "InferenceServerProcess", "ServerSpec", "ServerStats"]
+__all__ = ["InferenceServer", "InferenceServerProcess", "ServerSpec", "ServerStats", "answer_length"]
 
 
 @dataclass(frozen=True)
@@ -57,17 +62,40 @@ class ServerSpec:
     default_max_tokens: int = 64
     model: str = "sim-llm"
     metrics_flavor: Literal["vllm", "tgi"] = "vllm"
+    answer_tokens: tuple[int, int] | None = None
+    """Natural answer lengths (inclusive range, tokens); ``None``: every request generates its max_tokens."""
+
+    def __post_init__(self) -> None:
+        if self.answer_tokens is not None:
+            low, high = self.answer_tokens
+            if not 1 <= low <= high:
+                raise ValueError(f"answer_tokens must be (low, high) with 1 <= low <= high (got {self.answer_tokens})")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServerSpec:
-        return cls(**data)
+        fields = dict(data)
+        if fields.get("answer_tokens") is not None:
+            fields["answer_tokens"] = tuple(fields["answer_tokens"])  # JSON has lists
+        return cls(**fields)
 
     def capacity_tokens_per_second(self) -> float:
         """Output tokens per second with the batch at or past the knee (decode only)."""
         return self.knee / self.step_seconds
+
+
+def answer_length(spec: ServerSpec, messages: Any) -> int | None:
+    """The natural answer length of a prompt under ``spec.answer_tokens`` (``None`` when unset): a CRC-32 of
+    the messages' string contents mapped into the range, so a client that knows the prompt knows the answer's
+    length (only the contents: a proxy may add other fields to a message on the way)."""
+    if spec.answer_tokens is None:
+        return None
+    low, high = spec.answer_tokens
+    contents = [m.get("content") for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+    text = "\n".join(c for c in contents if isinstance(c, str)).encode()
+    return low + zlib.crc32(text) % (high - low + 1)
 
 
 @dataclass
@@ -214,11 +242,18 @@ class InferenceServer:
             return _error(400, "body is not JSON", "invalid_request_error")
         if body.get("stream"):
             return _error(400, "the simulated server does not stream", "invalid_request_error")
-        prompt = estimate_prompt_tokens(body.get("messages"))  # the same count the routing mock reports
-        raw_max = body.get("max_completion_tokens") or body.get("max_tokens") or self.spec.default_max_tokens
-        max_tokens = max(1, int(raw_max))
-        if prompt + max_tokens > self.spec.memory_tokens:
+        messages = body.get("messages")
+        prompt = estimate_prompt_tokens(messages)  # the same count the routing mock reports
+        raw_max = body.get("max_completion_tokens") or body.get("max_tokens")
+        natural = answer_length(self.spec, messages)
+        if raw_max is None and natural is None:
+            raw_max = self.spec.default_max_tokens
+        if prompt >= self.spec.memory_tokens:
+            return _error(400, "the prompt exceeds the model's context", "invalid_request_error")
+        if raw_max is not None and prompt + max(1, int(raw_max)) > self.spec.memory_tokens:
             return _error(400, "prompt + max_tokens exceed the model's context", "invalid_request_error")
+        limit = self.spec.memory_tokens - prompt if raw_max is None else max(1, int(raw_max))
+        max_tokens = limit if natural is None else max(1, min(natural, limit))
         future = self._engine.submit(prompt, max_tokens)
         try:
             generated = await future
@@ -233,7 +268,7 @@ class InferenceServer:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": " ".join(["tok"] * generated)},
-                    "finish_reason": "length",
+                    "finish_reason": "stop" if natural is not None and generated >= natural else "length",
                 }
             ],
             "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
