@@ -16,6 +16,10 @@ Around each call the runner adds what a shared Redis under bursts and restarts n
 * on a connection error the pool's idle connections are dropped and the busy ones marked for reconnect,
   so after a Redis restart the stale connections fail once together, not one by one (each one re-opening
   the circuit breaker);
+* a script on a cluster slot that is being migrated, whose keys already sit on the importing node (the
+  ASK state), is sent as ASKING and EVAL on one connection (:func:`_eval_following_redirects`): redis-py's
+  asyncio cluster client sends ASKING and the command on two pooled connections, so the importing node
+  answers MOVED and the client gives up with ``TTL exhausted``;
 * every failure, including an unexpected exception from the client, becomes :class:`StoreError` (whose
   message never carries credentials), so callers apply their fail mode instead of crashing.
 """
@@ -31,11 +35,18 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from redis.exceptions import AskError, ClusterError, MovedError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from litellm_ratebalance.errors import StoreError, redact
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "ScriptRunner", "load_lua"]
+
+ASK_STATE_SECONDS = 2.0
+"""After a script on a slot needed the ASK path, later scripts on that slot take it first for this long (a
+migration's ASK state lasts while its keys move), instead of running redis-py's redirect loop out again."""
+
+_MAX_REDIRECTS = 5
 
 DEFAULT_MAX_IN_FLIGHT = 500
 """Concurrent store calls per process and event loop when nothing smaller is known (the default of
@@ -75,6 +86,7 @@ class ScriptRunner:
     """
 
     __slots__ = (
+        "_asking_slots",
         "_broken_until",
         "_client",
         "_cooldown",
@@ -110,6 +122,9 @@ class ScriptRunner:
         self._state: _LoopState | None = None
         self._initialized: Any = None
         """The cluster client last initialised here (a replaced client is initialised again)."""
+        self._asking_slots: dict[int, float] = {}
+        """Cluster slots seen in the ASK state, with the monotonic time until which scripts on them go
+        straight to :func:`_eval_following_redirects`."""
 
     @property
     def client(self) -> Any:
@@ -120,9 +135,25 @@ class ScriptRunner:
 
     async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run script ``name`` atomically with ``keys`` and ``args``; return its raw reply."""
-        return await self.call(
-            f"redis script {name!r}", lambda client: self._script(client, name)(keys=keys, args=args, client=client)
-        )
+        return await self.call(f"redis script {name!r}", lambda client: self._run_script(client, name, keys, args))
+
+    async def _run_script(self, client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
+        if not keys or not _is_cluster(client):
+            return await self._script(client, name)(keys=keys, args=args, client=client)
+        slot = int(client.keyslot(keys[0]))
+        until = self._asking_slots.get(slot)
+        if until is not None:
+            if time.monotonic() < until:
+                return await _eval_following_redirects(client, slot, load_lua(name), keys, args)
+            del self._asking_slots[slot]
+        try:
+            return await self._script(client, name)(keys=keys, args=args, client=client)
+        except ClusterError:
+            # redis-py ran out of redirects. In the ASK state that is its own ASKING on another connection
+            # (see the module docstring): follow the redirects here. Anything else fails again just the same.
+            reply = await _eval_following_redirects(client, slot, load_lua(name), keys, args)
+            self._asking_slots[slot] = time.monotonic() + ASK_STATE_SECONDS
+            return reply
 
     async def call(self, what: str, operation: Callable[[Any], Awaitable[Any]], *, probe: bool = False) -> Any:
         """Run ``operation(client)`` with the gate, cluster initialisation, timeout, breaker and error
@@ -216,6 +247,60 @@ def _is_cluster(client: Any) -> bool:
     except ImportError:  # pragma: no cover - every redis-py we support has it
         return False
     return isinstance(client, RedisCluster)
+
+
+async def _eval_following_redirects(client: Any, slot: int, script: str, keys: list[str], args: list[Any]) -> Any:
+    """Run ``script`` with EVAL on the node that serves ``slot`` on a cluster ``client``, following MOVED to the
+    node named and ASK with ASKING and EVAL written together on one connection of the importing node.
+
+    EVAL rather than EVALSHA: the importing node may not have the script cached, and this path is rare (a slot
+    migration). Raises what the node answers otherwise, and :class:`ClusterError` when the redirects do not
+    settle within a few hops."""
+    command = ("EVAL", script, len(keys), *keys, *args)
+    node = client.nodes_manager.get_node_from_slot(slot)
+    for _ in range(_MAX_REDIRECTS):
+        try:
+            return await node.execute_command(*command)
+        except MovedError as exc:
+            node = _known_node(client, exc.host, exc.port, exc)
+        except AskError as exc:
+            return await _asking_then(_known_node(client, exc.host, exc.port, exc), command)
+    raise ClusterError(f"slot {slot}: redirects did not settle within {_MAX_REDIRECTS} hops")
+
+
+def _known_node(client: Any, host: str, port: int, redirect: Exception) -> Any:
+    node = client.get_node(host=host, port=port)
+    if node is None:  # a node the slot map does not know yet: let the caller's re-discovery find it
+        raise redirect
+    return node
+
+
+async def _asking_then(node: Any, command: tuple[Any, ...]) -> Any:
+    """Send ASKING and ``command`` in one write on one connection of ``node`` (ASKING allows only the next
+    command on its own connection); return the command's reply."""
+    connection = node.acquire_connection()
+    clean = False  # both replies read
+    try:
+        await connection.send_packed_command(connection.pack_commands([("ASKING",), command]))
+        asking_error: ResponseError | None = None
+        try:
+            await connection.read_response()  # OK
+        except ResponseError as exc:
+            asking_error = exc
+        try:
+            reply = await connection.read_response()
+        except ResponseError:
+            clean = True
+            raise
+        clean = True
+        if asking_error is not None:
+            raise asking_error
+        return reply
+    finally:
+        if not clean:
+            # A reply may be left unread on it (a timeout, a cancelled call): never hand it to the next command.
+            await connection.disconnect()
+        node.release(connection)
 
 
 def _pool_limit(client: Any) -> int | None:
