@@ -95,8 +95,14 @@ class RateBalanceSettings(SettingsModel):
     ``rediss://...`` for TLS (options as query parameters, e.g. ``?ssl_cert_reqs=required&ssl_ca_certs=
     /path/ca.pem``), or ``unix:///path/redis.sock?db=N``. One server; use LiteLLM's Redis settings for a
     Cluster or Sentinel. An empty string means unset. Never logged with its credentials."""
-    fail_mode: Literal["open", "closed"] = "open"
-    """On a store fault: ``open`` admits (one warning per interval, counted); ``closed`` answers 503."""
+    fail_mode: Literal["open", "closed", "local"] = "open"
+    """On a store fault: ``open`` admits (one warning per interval, counted); ``closed`` answers 503;
+    ``local``: the priority limiter decides against a store in this process's memory (a share of each limit,
+    ``local_fallback_share``) until Redis answers again; the other components serve as with ``open``."""
+    local_fallback_share: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    """With ``fail_mode: local``: the fraction of each model group's rpm/tpm one replica admits on its own
+    while the shared store fails. 1.0: each replica the whole limit (n replicas up to n x the limit, as
+    LiteLLM's own limiter does); 1/n keeps the total of n replicas at the limit."""
     fault_log_interval_seconds: Annotated[float, Field(ge=0.0, le=3600)] = 30.0
     store_timeout_seconds: Annotated[float, Field(ge=0.01, le=30)] = 0.5
     """Upper bound on one store operation; past it the operation counts as a store fault."""

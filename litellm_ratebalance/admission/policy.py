@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "rejection_message",
     "reset_seconds",
     "saturation",
+    "scale_limits",
 ]
 
 DEFAULT_POOL = "d"
@@ -275,6 +276,28 @@ def build_limits(
 
 
 # -- messages -----------------------------------------------------------------------------------------
+
+
+def scale_limits(limits: AdmissionLimits, share: float) -> AdmissionLimits:
+    """``limits`` with every limit, pool share and floor multiplied by ``share`` (0 < share <= 1), model
+    limits rounded up and at least 1: one replica's part of the limits when it decides alone."""
+    if share >= 1.0:
+        return limits
+
+    def whole(limit: int | None) -> int | None:
+        return None if limit is None else max(1, math.ceil(limit * share))
+
+    def part(limit: float | None) -> float | None:
+        return None if limit is None else limit * share
+
+    return replace(
+        limits,
+        rpm=whole(limits.rpm),
+        tpm=whole(limits.tpm),
+        pool_rpm=part(limits.pool_rpm),
+        pool_tpm=part(limits.pool_tpm),
+        floors=tuple(Floor(f.pool, f.requests * share, f.tokens * share) for f in limits.floors),
+    )
 
 
 def _fmt(limit: int | None) -> str:

@@ -45,6 +45,7 @@ from litellm_ratebalance.admission.policy import (
     rate_limit_headers,
     rejection_message,
     reset_seconds,
+    scale_limits,
 )
 from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
@@ -85,6 +86,8 @@ class _Ticket:
     learn_beyond: int | None
     """Teaches the output estimate: the sample is the actual tokens minus this (the part counted before
     the call); ``None`` when the request teaches nothing (no estimated output)."""
+    local: bool = False
+    """Admitted by this process's own store (``fail_mode: local``): its corrections go there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         self._ticket_prefix = uuid.uuid4().hex[:12] + "-"
         self._ticket_numbers = itertools.count()
         self._settles = SettleQueue(self._flush)
+        self._local_settles = SettleQueue(self._flush_local)
         self._admissions = metrics.counter(
             "admission_decisions",
             "Priority limiter decisions by model group, priority and result",
@@ -238,10 +242,25 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         except StoreError as exc:
             if settles is not None:
                 self._settles.put_back(model_group, settles, derived.window_ms)
-            if runtime.faults.record(COMPONENT, exc, derived.settings):
+            if not runtime.faults.record(COMPONENT, exc, derived.settings):
+                raise runtime.faults.unavailable(COMPONENT) from None
+            if derived.settings.ratebalance.fail_mode != "local":
                 self._admissions.labels(model_group, priority_label, "admitted", "store_error").inc()
                 return
-            raise runtime.faults.unavailable(COMPONENT) from None
+            # Decide in this process, against its share of the limits, until the shared store is back.
+            limits = scale_limits(limits, derived.settings.ratebalance.local_fallback_share)
+            local_settles = self._local_settles.take(model_group)
+            result = await runtime.local_store().acquire(
+                model_group,
+                limits,
+                cost,
+                derived.window_ms,
+                settles=local_settles,
+                quantile=limiter_settings.output_estimate_quantile,
+            )
+            local = True
+        else:
+            local = False
         saturation_gauge, estimate_gauge, headroom_gauge = self._model_gauges(model_group)
         saturation_gauge.set(result.saturation)
         headroom_gauge.set(result.headroom)
@@ -257,7 +276,10 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             window_end_ms=result.window_end_ms,
         )
         if not result.admitted:
-            self._admissions.labels(model_group, priority_label, "rejected", result.reason.name.lower()).inc()
+            reason = result.reason.name.lower()
+            self._admissions.labels(
+                model_group, priority_label, "rejected", f"local_{reason}" if local else reason
+            ).inc()
             remaining_requests, remaining_tokens = effective_remaining(result.counters, limits, result.strict)
             message = rejection_message(
                 model=model_group,
@@ -271,19 +293,24 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             headers["retry-after"] = str(reset_seconds(result.now_ms, result.window_end_ms))
             headers["rate_limit_type"] = result.reason.limit_type
             raise _litellm.rate_limit_exception(message, headers, model_group)
-        admitted = self._admitted_counters.get((model_group, priority_label))
-        if admitted is None:
-            admitted = self._admitted_counters[(model_group, priority_label)] = self._admissions.labels(
-                model_group, priority_label, "admitted", ""
-            )
-        admitted.inc()
+        if local:
+            self._admissions.labels(model_group, priority_label, "admitted", "local").inc()
+        else:
+            admitted = self._admitted_counters.get((model_group, priority_label))
+            if admitted is None:
+                admitted = self._admitted_counters[(model_group, priority_label)] = self._admissions.labels(
+                    model_group, priority_label, "admitted", ""
+                )
+            admitted.inc()
         ticket_id = f"{self._ticket_prefix}{next(self._ticket_numbers)}"
         learn_beyond = cost.fixed if cost.output_cap is not None else None
         # Late corrections still count (carried into the current window): keep tickets past their window.
         expires_at = time.monotonic() + max(2 * derived.window_ms / 1000, _MIN_TICKET_SECONDS)
         self._remember(
             ticket_id,
-            _Ticket(model_group, limits.pool, result.window_start_ms, result.cost_tokens, expires_at, learn_beyond),
+            _Ticket(
+                model_group, limits.pool, result.window_start_ms, result.cost_tokens, expires_at, learn_beyond, local
+            ),
         )
         metadata = data.get("metadata")
         if not isinstance(metadata, dict):
@@ -331,7 +358,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         used = actual_tokens(usage_of(kwargs, response_obj), derived.settings.effective_token_type)
         if used is None:
             return  # no usage reported (e.g. some streams): the reservation stands as the estimate
-        batch = self._settles.batch(ticket.model_group)
+        batch = self._queue_of(ticket).batch(ticket.model_group)
         batch.add(ticket.window_start_ms, ticket.pool, used - ticket.held_tokens)
         if ticket.learn_beyond is not None:
             batch.learn(used - ticket.learn_beyond)
@@ -383,7 +410,12 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             return ticket
         held = ticket.held_tokens
         ticket.held_tokens = 0
-        return _Ticket(ticket.model_group, ticket.pool, ticket.window_start_ms, held, ticket.expires_at, None)
+        return _Ticket(
+            ticket.model_group, ticket.pool, ticket.window_start_ms, held, ticket.expires_at, None, ticket.local
+        )
+
+    def _queue_of(self, ticket: _Ticket) -> SettleQueue:
+        return self._local_settles if ticket.local else self._settles
 
     async def _release(self, ticket_id: str, exception: Any) -> None:
         ticket = self._take(ticket_id, keep_window=False)
@@ -397,7 +429,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             self._tickets.pop(ticket_id, None)
         elif ticket.held_tokens == 0:
             return
-        self._settles.batch(ticket.model_group).add(
+        self._queue_of(ticket).batch(ticket.model_group).add(
             ticket.window_start_ms, ticket.pool, -ticket.held_tokens, -1 if give_request_back else 0
         )
 
@@ -417,9 +449,16 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             return False
         return True
 
+    async def _flush_local(self, model_group: str, batch: SettleBatch) -> bool:
+        """Apply one model group's pending settles of ``fail_mode: local`` admissions to the local store."""
+        quantile = self._config().settings.ratebalance.limiter.output_estimate_quantile
+        await self._runtime().local_store().flush(model_group, batch, quantile=quantile)
+        return True
+
     async def flush_settles(self) -> None:
         """Send every pending settle now (tests, shutdown); normally they travel with admissions."""
         await self._settles.flush_all()
+        await self._local_settles.flush_all()
 
 
 def _request_cost(model: str, data: dict[str, Any], settings: Settings, call_type: Any) -> RequestCost:

@@ -36,11 +36,13 @@ class FaultPolicy:
         self._last_warning: dict[str, float] = {}
 
     def record(self, component: str, exc: BaseException, settings: Settings) -> bool:
-        """Count and maybe log one store fault; return True if the request should proceed (fail open)."""
-        fail_open = settings.ratebalance.fail_mode == "open"
+        """Count and maybe log one store fault; return True if the request should proceed (fail open, or
+        local: the caller decides against :meth:`Runtime.local_store`)."""
+        mode = settings.ratebalance.fail_mode
+        fail_open = mode != "closed"
         metrics.counter(
             "store_errors", "Store (Redis) operations that failed, by component and fail mode", ["component", "mode"]
-        ).labels(component, "open" if fail_open else "closed").inc()
+        ).labels(component, mode).inc()
         now = time.monotonic()
         interval = settings.ratebalance.fault_log_interval_seconds
         last = self._last_warning.get(component)
@@ -49,7 +51,7 @@ class FaultPolicy:
             logger.warning(
                 "litellm_ratebalance %s: store error, failing %s (repeats suppressed for %.0fs): %s",
                 component,
-                "open" if fail_open else "closed",
+                mode,
                 interval,
                 redact(str(exc)),
             )
@@ -70,6 +72,7 @@ class Runtime:
     def __init__(self) -> None:
         self._settings: Settings | None = None
         self._store: Store | None = None
+        self._local_store: MemoryStore | None = None
         self._router: Any | None = None
         self.faults = FaultPolicy()
 
@@ -88,6 +91,13 @@ class Runtime:
             if isinstance(self._store, RedisStore):
                 _spawn(warn_if_evictable(self._store))
         return self._store
+
+    def local_store(self) -> MemoryStore:
+        """The store in this process's memory that ``fail_mode: local`` decides against while the shared
+        store fails (kept for the process: a later fault goes on counting in the same windows)."""
+        if self._local_store is None:
+            self._local_store = MemoryStore(KeySpace(self.settings().ratebalance.key_prefix))
+        return self._local_store
 
     def _make_store(self, settings: Settings) -> Store:
         keys = KeySpace(settings.ratebalance.key_prefix)

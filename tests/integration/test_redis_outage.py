@@ -8,6 +8,8 @@ Router, and the hooks called as LiteLLM calls them. What the fail modes document
   failed store operation is counted in ``litellm_ratebalance_store_errors_total`` (admissions also in
   ``admission_decisions_total{reason="store_error"}``); reconciles that fail are dropped (counted too).
 * ``fail_mode: closed``: while Redis is down requests get a 503 with ``retry-after``, nothing else.
+* ``fail_mode: local``: while Redis is down the process decides against its own memory, at
+  ``local_fallback_share`` of each limit, and its corrections stay there; back on Redis once it answers.
 * Recovery: once Redis answers again (after at most ``store_retry_after_seconds``) counting resumes. The
   restarted Redis is empty, so the window restarts from zero: what was reserved before the crash is
   forgotten (the documented cost of a non-persistent Redis: up to one extra window's worth admitted).
@@ -53,10 +55,11 @@ def own_redis() -> Iterator[RedisServer]:
         yield server
 
 
-def outage_limiter(server: RedisServer, router: Any, fail_mode: str) -> PriorityRateLimiter:
+def outage_limiter(server: RedisServer, router: Any, fail_mode: str, **extra: Any) -> PriorityRateLimiter:
     settings = parse_settings(
         {
             "ratebalance": {
+                **extra,
                 "redis_url": server.url,
                 "key_prefix": PREFIX,
                 "fail_mode": fail_mode,
@@ -182,6 +185,42 @@ def store_cost(datas: list[dict[str, Any]]) -> int:
     costs = {estimate_tokens("m", data, "total", 256, 32_768) for data in datas}
     assert len(costs) == 1
     return costs.pop()
+
+
+# -- fail local: this replica's share of the limit while Redis is down ---------------------------------------
+def local_admissions(reason: str = "local") -> float:
+    labels = {"model_group": "m", "priority": "default", "result": "admitted", "reason": reason}
+    return sample("litellm_ratebalance_admission_decisions_total", labels)
+
+
+async def test_fail_local_holds_its_share_of_the_limit_while_down_then_counts_on_redis(own_redis: RedisServer) -> None:
+    limiter = outage_limiter(own_redis, make_router(rpm=40, tpm=1_000_000), "local", local_fallback_share=0.25)
+    store = store_of(limiter)
+    errors_before, local_before = store_errors("local"), local_admissions()
+
+    before = [request(max_tokens=20) for _ in range(5)]
+    assert [await decide(limiter, data) for data in before] == [200] * 5
+
+    # Down: this replica admits a quarter of rpm 40 on its own, whatever Redis counted before, then 429.
+    own_redis.stop()
+    during = [request(max_tokens=20) for _ in range(14)]
+    assert [await decide(limiter, data) for data in during] == [200] * 10 + [429] * 4
+    assert local_admissions() == local_before + 10
+    assert store_errors("local") == errors_before + 14
+    # Their corrections go to the local store: the local window holds exactly their actual tokens.
+    for data in during[:10]:
+        await finish(limiter, data, 30)
+    local = limiter._runtime().local_store()
+    snapshot = await local.admission_snapshot("m", WINDOW_MS)
+    assert snapshot is not None and (snapshot.requests, snapshot.tokens) == (10, 10 * 30)
+
+    # Back: decided on Redis again (the restarted one is empty), against the whole limit.
+    await recovered(store, own_redis)
+    after = [request(max_tokens=20) for _ in range(45)]
+    assert [await decide(limiter, data) for data in after] == [200] * 40 + [429] * 5
+    assert local_admissions() == local_before + 10
+    shared = await store.admission_snapshot("m", WINDOW_MS)
+    assert shared is not None and shared.requests == 40
 
 
 # -- mid-load: concurrent callers while Redis is killed and restarted ---------------------------------------

@@ -185,3 +185,24 @@ def test_reset_and_headers() -> None:
         "x-ratelimit-remaining-tokens": "1700",
         "x-ratelimit-reset-tokens": "13s",
     }
+
+
+def test_scale_limits_takes_a_share_of_every_limit_rounding_model_limits_up() -> None:
+    from litellm_ratebalance.admission.policy import AdmissionLimits, Floor, scale_limits
+
+    limits = AdmissionLimits(
+        rpm=10,
+        tpm=1001,
+        saturation_threshold=0.8,
+        pool="p.high",
+        pool_rpm=6.0,
+        pool_tpm=600.0,
+        floors=(Floor("d", 2.0, 100.0),),
+    )
+    half = scale_limits(limits, 0.5)
+    assert (half.rpm, half.tpm, half.pool_rpm, half.pool_tpm) == (5, 501, 3.0, 300.0)
+    assert half.floors == (Floor("d", 1.0, 50.0),)
+    assert half.saturation_threshold == 0.8 and half.pool == "p.high"
+    assert scale_limits(limits, 1.0) is limits
+    tiny = scale_limits(AdmissionLimits(1, None, 0.8, "d", None, None), 0.01)
+    assert (tiny.rpm, tiny.tpm) == (1, None)

@@ -62,7 +62,7 @@ def test_pydantic_object_from_litellm_is_read() -> None:
         ),
         (
             {"ratebalance": {"fail_mode": "sometimes"}},
-            "ratebalance.fail_mode: must be 'open' or 'closed' (got 'sometimes')",
+            "ratebalance.fail_mode: must be 'open', 'closed' or 'local' (got 'sometimes')",
         ),
         ({"ratebalance": {"limitr": {}}}, "ratebalance.limitr: unknown setting; valid keys here:"),
         ({"priority_reservation": {"prod": 1.5}}, "a fraction must be between 0.0 and 1.0"),
