@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from litellm_ratebalance._config_base import SettingsModel, configuration_error, register
+from litellm_ratebalance.attribution.config import CostSettings
 from litellm_ratebalance.contracts.config import TrafficContractSettings
 from litellm_ratebalance.errors import ConfigurationError, redact_url
 from litellm_ratebalance.overload.config import BackpressureSettings
@@ -115,6 +116,7 @@ class RateBalanceSettings(SettingsModel):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     traffic_contracts: TrafficContractSettings = Field(default_factory=TrafficContractSettings)
     backpressure: BackpressureSettings = Field(default_factory=BackpressureSettings)
+    cost: CostSettings = Field(default_factory=CostSettings)
 
     @field_validator("redis_url")
     @classmethod

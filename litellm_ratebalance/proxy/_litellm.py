@@ -25,6 +25,8 @@ __all__ = [
     "forbid_router_retry",
     "general_setting",
     "is_fanout_lookup",
+    "logged_deployment_id",
+    "logged_response_cost",
     "narrow_like_router",
     "proxy_router",
     "rate_limit_exception",
@@ -293,3 +295,31 @@ def forbid_router_retry(exception: Exception) -> None:
     request that passes its own ``num_retries`` keeps it: the caller asked for those retries.
     """
     exception.num_retries = 0  # type: ignore[attr-defined]
+
+
+def logged_response_cost(kwargs: object) -> float | None:
+    """LiteLLM's cost of a finished call, as its success event reports it: ``standard_logging_object
+    ["response_cost"]``, else ``kwargs["response_cost"]``; ``None`` when absent, not a number, or negative."""
+    if not isinstance(kwargs, Mapping):
+        return None
+    payload = kwargs.get("standard_logging_object")
+    value = payload.get("response_cost") if isinstance(payload, Mapping) else None
+    if value is None:
+        value = kwargs.get("response_cost")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+def logged_deployment_id(kwargs: object, response: object) -> str | None:
+    """The deployment that served a logged call: ``standard_logging_object["model_id"]``, else the request's
+    ``model_info.id``, else the response's hidden ``model_id``."""
+    if isinstance(kwargs, Mapping):
+        payload = kwargs.get("standard_logging_object")
+        value = payload.get("model_id") if isinstance(payload, Mapping) else None
+        if value:
+            return str(value)
+        info = request_deployment_info(kwargs)
+        if info is not None:
+            return str(info["id"])
+    return response_deployment_id(response)

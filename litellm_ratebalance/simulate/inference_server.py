@@ -18,6 +18,11 @@ The model of the GPU (all parameters in :class:`ServerSpec`):
   (:func:`answer_length`: a hash of the message text, so the same prompt always gets the same answer), and
   a request stops at that length or at its ``max_tokens``, whichever comes first, as a real model stops at
   end-of-sequence. A request without ``max_tokens`` then runs to its natural end.
+* **Ground truth of cost.** Each step's measured time is shared among the requests in it as the model spends
+  it: the decode part equally, the prefill part by prompt tokens among the requests prefilled in that step.
+  A request's share is in its response's ``x-sim-gpu-seconds`` header (errors included), and the shares are
+  summed per ``x-sim-cost-tag`` request header in ``/_sim/stats`` (``gpu_seconds_by_tag``), beside the
+  engine's ``busy_seconds``; ``bench/bench_cost.py`` checks the proxy's attribution against them.
 
 Endpoints: ``POST /v1/chat/completions`` (non-streaming OpenAI JSON with usage), ``GET /metrics`` (vLLM
 names, or TGI's with ``metrics_flavor="tgi"``), and control endpoints under ``/_sim/``: ``stats``
@@ -46,6 +51,11 @@ from typing import Any, Literal
 from aiohttp import ClientSession, ClientTimeout, web
 
 from litellm_ratebalance.simulate.mock_openai import estimate_prompt_tokens
+
+COST_TAG_HEADER = "x-sim-cost-tag"
+"""Request header naming the tag a request's ground-truth GPU time is summed under (at most 64 characters)."""
+GPU_SECONDS_HEADER = "x-sim-gpu-seconds"
+"""Response header: the request's ground-truth GPU-seconds (its share of the steps it ran in)."""
 
 __all__ = ["InferenceServer", "InferenceServerProcess", "ServerSpec", "ServerStats", "answer_length"]
 
@@ -109,6 +119,12 @@ class ServerStats:
     """Requests failed by a simulated out-of-memory."""
     peak_running: int = 0
     peak_memory_tokens: int = 0
+    busy_seconds: float = 0.0
+    """Engine time spent in steps (the simulated GPU's busy time)."""
+    gpu_seconds_by_tag: dict[str, float] = field(default_factory=dict)
+    """Ground truth of cost attribution: each step's time shared among the requests in it (decode equally, the
+    prefill part by prompt tokens among the requests prefilled in it), summed per request tag (the
+    ``x-sim-cost-tag`` request header; ``""`` without one)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -121,6 +137,9 @@ class _Request:
     done: asyncio.Future[int]
     generated: int = 0
     prefilled: bool = False
+    tag: str = ""
+    gpu_seconds: float = 0.0
+    """Ground truth: this request's share of the engine steps it ran in (see ``ServerStats.gpu_seconds_by_tag``)."""
 
     @property
     def memory(self) -> int:
@@ -139,12 +158,15 @@ class _Engine:
     def memory_used(self) -> int:
         return sum(r.memory for r in self.running)
 
-    def submit(self, prompt_tokens: int, max_tokens: int) -> asyncio.Future[int]:
-        request = _Request(prompt_tokens, max_tokens, asyncio.get_running_loop().create_future())
+    def submit(self, prompt_tokens: int, max_tokens: int, tag: str = "") -> asyncio.Future[int]:
+        return self.submit_request(prompt_tokens, max_tokens, tag).done
+
+    def submit_request(self, prompt_tokens: int, max_tokens: int, tag: str = "") -> _Request:
+        request = _Request(prompt_tokens, max_tokens, asyncio.get_running_loop().create_future(), tag=tag)
         self.waiting.append(request)
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._run())
-        return request.done
+        return request
 
     async def _run(self) -> None:
         # Runs while there is work; exits when both lists are empty (next submit starts it again).
@@ -152,7 +174,8 @@ class _Engine:
             while self.waiting and len(self.running) < self.spec.max_num_seqs:
                 self.running.append(self.waiting.pop(0))
             self.running = [r for r in self.running if not r.done.done()]  # clients that went away
-            prefill = sum(r.prompt_tokens for r in self.running if not r.prefilled)
+            prefilling = [r for r in self.running if not r.prefilled]
+            prefill = sum(r.prompt_tokens for r in prefilling)
             for request in self.running:
                 request.prefilled = True
             if self._out_of_memory(extra=len(self.running)):
@@ -160,7 +183,9 @@ class _Engine:
             n = len(self.running)
             self.stats.peak_running = max(self.stats.peak_running, n)
             step = self.spec.step_seconds * max(1.0, n / self.spec.knee) + prefill / self.spec.prefill_tokens_per_second
+            started = time.monotonic()
             await asyncio.sleep(step)
+            self._charge(time.monotonic() - started, step, prefilling)
             finished: list[_Request] = []
             for request in self.running:
                 request.generated += 1
@@ -173,6 +198,22 @@ class _Engine:
                 self.stats.output_tokens += request.generated
                 if not request.done.done():
                     request.done.set_result(request.generated)
+
+    def _charge(self, elapsed: float, step: float, prefilling: list[_Request]) -> None:
+        """Ground truth of cost: the step's measured time, shared as the step's model spends it (the decode part
+        equally among the running requests, the prefill part by prompt tokens among those prefilled in it)."""
+        n = len(self.running)
+        decode = step - sum(r.prompt_tokens for r in prefilling) / self.spec.prefill_tokens_per_second
+        scale = elapsed / step if step > 0 else 0.0
+        prefilled = {id(r) for r in prefilling}
+        self.stats.busy_seconds += elapsed
+        for request in self.running:
+            share = decode / n
+            if id(request) in prefilled:
+                share += request.prompt_tokens / self.spec.prefill_tokens_per_second
+            request.gpu_seconds += share * scale
+            by_tag = self.stats.gpu_seconds_by_tag
+            by_tag[request.tag] = by_tag.get(request.tag, 0.0) + share * scale
 
     def _out_of_memory(self, extra: int) -> bool:
         """The next step needs one more token of cache per running request; past capacity, all fail."""
@@ -254,11 +295,15 @@ class InferenceServer:
             return _error(400, "prompt + max_tokens exceed the model's context", "invalid_request_error")
         limit = self.spec.memory_tokens - prompt if raw_max is None else max(1, int(raw_max))
         max_tokens = limit if natural is None else max(1, min(natural, limit))
-        future = self._engine.submit(prompt, max_tokens)
+        job = self._engine.submit_request(prompt, max_tokens, request.headers.get(COST_TAG_HEADER, "")[:64])
+        truth = {GPU_SECONDS_HEADER: f"{job.gpu_seconds:.6f}"}
         try:
-            generated = await future
+            generated = await job.done
         except MemoryError as exc:
-            return _error(500, f"CUDA out of memory (simulated): {exc}", "server_error")
+            error = _error(500, f"CUDA out of memory (simulated): {exc}", "server_error")
+            error.headers[GPU_SECONDS_HEADER] = f"{job.gpu_seconds:.6f}"
+            return error
+        truth[GPU_SECONDS_HEADER] = f"{job.gpu_seconds:.6f}"
         payload = {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
@@ -273,7 +318,7 @@ class InferenceServer:
             ],
             "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
         }
-        return web.json_response(payload)
+        return web.json_response(payload, headers=truth)
 
     async def _metrics(self, _: web.Request) -> web.Response:
         if self._metrics_down:

@@ -95,6 +95,12 @@ class KeySpace:
         """Hash tag shared by every concurrency/lease key of one deployment."""
         return f"{self.prefix}:{{bp:{escape_name(deployment_id)}}}"
 
+    # -- cost attribution ---------------------------------------------------------------------------
+    def cost_state(self, deployment_id: str) -> str:
+        """Hash of one deployment's sharing clock and efficiency sums; the same hash tag as its leases,
+        which the cost scripts read to count the requests in flight."""
+        return f"{self.concurrency_tag(deployment_id)}:cost"
+
     @staticmethod
     def field(name: str) -> str:
         """Escape a user-supplied name for use as a hash field (see :func:`escape_name`)."""

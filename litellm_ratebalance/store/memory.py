@@ -9,13 +9,16 @@ from collections.abc import Callable
 from litellm_ratebalance.store.admission import MemoryAdmissionStore
 from litellm_ratebalance.store.concurrency import MemoryConcurrencyStore
 from litellm_ratebalance.store.contracts import MemoryContractStore
+from litellm_ratebalance.store.cost import MemoryCostStore
 from litellm_ratebalance.store.keys import KeySpace
 from litellm_ratebalance.store.routing import MemoryRoutingStore
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryAdmissionStore, MemoryRoutingStore, MemoryContractStore, MemoryConcurrencyStore):
+class MemoryStore(
+    MemoryAdmissionStore, MemoryRoutingStore, MemoryContractStore, MemoryConcurrencyStore, MemoryCostStore
+):
     """The store in this process's memory: one proxy process, same semantics as Redis.
 
     ``clock`` returns seconds since the epoch (``time.time`` by default); tests pass a fake one.
@@ -32,6 +35,7 @@ class MemoryStore(MemoryAdmissionStore, MemoryRoutingStore, MemoryContractStore,
         self._init_routing()
         self._init_contracts()
         self._init_concurrency()
+        self._init_cost()
 
     async def ping(self) -> None:
         return None

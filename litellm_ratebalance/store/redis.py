@@ -8,13 +8,14 @@ from litellm_ratebalance.store._scripts import DEFAULT_MAX_IN_FLIGHT, ScriptRunn
 from litellm_ratebalance.store.admission import RedisAdmissionStore
 from litellm_ratebalance.store.concurrency import RedisConcurrencyStore
 from litellm_ratebalance.store.contracts import RedisContractStore
+from litellm_ratebalance.store.cost import RedisCostStore
 from litellm_ratebalance.store.keys import KeySpace
 from litellm_ratebalance.store.routing import RedisRoutingStore
 
 __all__ = ["RedisStore"]
 
 
-class RedisStore(RedisAdmissionStore, RedisRoutingStore, RedisContractStore, RedisConcurrencyStore):
+class RedisStore(RedisAdmissionStore, RedisRoutingStore, RedisContractStore, RedisConcurrencyStore, RedisCostStore):
     """The store over a ``redis.asyncio`` client (``Redis`` or ``RedisCluster``).
 
     ``client`` is the client or a callable returning the current one (LiteLLM may replace its cached

@@ -132,7 +132,7 @@ HAND = [
     # root ratebalance
     Row(("ratebalance", "key_prefix"), "a{b", "ratebalance.key_prefix: must be 1 to 64 characters from [A-Za-z0-9_.-:]"),
     Row(("ratebalance", "redis_url"), "http://x:6379", "ratebalance.redis_url: unsupported scheme 'http' (expected redis://"),
-    Row(("ratebalance",), "yes", "ratebalance: must be a mapping of settings with keys backpressure, fail_mode"),
+    Row(("ratebalance",), "yes", "ratebalance: must be a mapping of settings with keys backpressure, cost, fail_mode"),
     # priority_reservation (LiteLLM's keys)
     Row(("priority_reservation", "prod"), "high", "priority_reservation.prod: must be a number or a mapping with keys type, value (got 'high')"),
     Row(("priority_reservation", "prod"), 1.5, "priority_reservation: prod: a fraction must be between 0.0 and 1.0 (got 1.5)"),

@@ -1,0 +1,299 @@
+"""LiteLLM adapter of cost attribution: GPU-seconds of local deployments, LiteLLM's response cost of the rest.
+
+Config: ``litellm_settings.callbacks: [..., "litellm_ratebalance.cost"]`` for API deployments' cost; local
+deployments (those behind ``litellm_ratebalance.backpressure``) are metered by backpressure itself. Settings
+under ``litellm_settings.ratebalance.cost``. See docs/cost.md.
+
+Two paths:
+
+* **Local deployments.** Backpressure calls the process-wide :class:`CostMeter` where it takes and gives back a
+  request's slot (its lease): :meth:`CostMeter.lease_started` right after the lease is taken marks the start
+  on the deployment's shared sharing clock, :meth:`CostMeter.lease_usage` notes the response's tokens, and
+  :meth:`CostMeter.lease_ended` right after the lease is released marks the end, which returns the request's
+  GPU-seconds (:mod:`litellm_ratebalance.attribution.sharing`). One store round trip at each end.
+* **API deployments.** :class:`CostCallback`'s success event adds LiteLLM's ``response_cost`` (USD) of every call
+  that was not served by a local deployment.
+
+Series (labels ``priority``, ``team``, ``feature`` resolved as in :mod:`litellm_ratebalance.attribution.labels`):
+``gpu_seconds_total{deployment,...}``, ``cost_usd_total{...,source}`` (``api``; ``gpu`` when a GPU-hour price is
+configured) and ``cost_tokens_total{...,kind}`` (local requests' backpressure reservation, ``reserved``: prompt +
+max_tokens, against what they ``used``: prompt + output tokens).
+
+Accounting never refuses or delays a request beyond its store round trips: a store fault is counted
+(``store_errors_total{component="cost"}``), logged at most once per interval, and that request goes unmetered.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from litellm.integrations.custom_logger import CustomLogger
+
+from litellm_ratebalance import metrics
+from litellm_ratebalance.attribution.config import CostSettings
+from litellm_ratebalance.attribution.labels import CostLabels, TeamLabels, cost_labels
+from litellm_ratebalance.attribution.sharing import Mark
+from litellm_ratebalance.contracts.config import UNASSIGNED
+from litellm_ratebalance.contracts.policy import ContractBook, resolve_feature
+from litellm_ratebalance.errors import StoreError
+from litellm_ratebalance.proxy import _litellm
+from litellm_ratebalance.proxy.runtime import get_runtime, schedule_startup_check
+from litellm_ratebalance.settings import Settings
+
+__all__ = ["CostCallback", "CostMeter", "cost", "cost_meter"]
+
+logger = logging.getLogger("litellm_ratebalance.cost")
+
+_COMPONENT = "cost"
+_CONTRACT_FEATURE_KEY = "traffic_contract_feature"
+"""Where the traffic-contracts callback leaves the feature it resolved (``proxy/contracts.py``)."""
+
+GPU_SECONDS = "gpu_seconds"
+COST_USD = "cost_usd"
+COST_TOKENS = "cost_tokens"
+GPU_LABELS = ("deployment", "priority", "team", "feature")
+COST_LABELS = ("priority", "team", "feature", "source")
+TOKEN_LABELS = ("priority", "team", "feature", "kind")
+
+
+def _gpu_seconds() -> Any:
+    return metrics.counter(
+        GPU_SECONDS, "GPU-seconds attributed to requests on local deployments (busy time shared)", GPU_LABELS
+    )
+
+
+def _cost_usd() -> Any:
+    return metrics.counter(
+        COST_USD, "Cost in USD: LiteLLM's response cost (source=api), priced GPU-seconds (source=gpu)", COST_LABELS
+    )
+
+
+def _cost_tokens() -> Any:
+    return metrics.counter(
+        COST_TOKENS, "Tokens of local requests: reserved by backpressure (prompt + max_tokens) and used", TOKEN_LABELS
+    )
+
+
+@dataclass(slots=True)
+class _Open:
+    """A local request between its start and end marks."""
+
+    deployment_id: str
+    start: Mark
+    opened: float
+    """Monotonic seconds (for pruning entries whose end never came)."""
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Derived:
+    settings: Settings
+    priorities: frozenset[str]
+    book: ContractBook
+    teams: TeamLabels
+
+
+class CostMeter:
+    """Process-wide cost bookkeeping (one per process: :func:`cost_meter`); see the module docstring.
+
+    ``clock``: monotonic seconds, only to forget requests whose end never arrived (a lost event): after
+    ``backpressure.lease_max_age_seconds``, as backpressure stops renewing their leases then.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._open: dict[str, _Open] = {}
+        self._derived: _Derived | None = None
+        self._local: set[str] = set()
+        self._team_overflow_logged = False
+
+    # -- settings ---------------------------------------------------------------------------------------
+    def _current(self) -> _Derived | None:
+        """Derived settings, rebuilt when the settings object changes; ``None`` when cost is off or the
+        settings are invalid (the start-up check reports those)."""
+        try:
+            settings = get_runtime().settings()
+        except Exception:
+            return None
+        if not settings.ratebalance.cost.enabled:
+            return None
+        derived = self._derived
+        if derived is None or derived.settings is not settings:
+            cost = settings.ratebalance.cost
+            derived = _Derived(
+                settings=settings,
+                priorities=frozenset(settings.priority_reservation)
+                | frozenset(settings.ratebalance.backpressure.tiers),
+                book=ContractBook.from_settings(settings.ratebalance.traffic_contracts),
+                teams=TeamLabels(cost.teams, cost.max_teams),
+            )
+            self._derived = derived
+        return derived
+
+    @staticmethod
+    def _durations(cost: CostSettings) -> tuple[int, int]:
+        return int(cost.efficiency_half_life_seconds * 1000), cost.state_ttl_seconds * 1000
+
+    def is_local(self, deployment_id: str | None) -> bool:
+        """Whether ``deployment_id`` is metered by GPU time (a request of it took a backpressure lease)."""
+        return deployment_id is not None and deployment_id in self._local
+
+    @property
+    def open_requests(self) -> int:
+        """Local requests started and not yet ended (tests, bounded by the leases alive)."""
+        return len(self._open)
+
+    # -- labels -----------------------------------------------------------------------------------------
+    def labels(self, request: Mapping[str, Any] | None, derived: _Derived) -> CostLabels:
+        """Priority, team and feature of a request (its kwargs or logging kwargs)."""
+        request = request if isinstance(request, Mapping) else {}
+        auth = _litellm.request_auth(request)
+        labels = cost_labels(auth, derived.priorities, derived.teams, self._feature(request, auth, derived))
+        if derived.teams.overflowed and not self._team_overflow_logged:
+            self._team_overflow_logged = True
+            logger.warning(
+                "litellm_ratebalance cost: %d teams have their own label; further teams are labelled 'other' "
+                "(raise ratebalance.cost.max_teams, or list the teams in ratebalance.cost.teams)",
+                derived.settings.ratebalance.cost.max_teams,
+            )
+        return labels
+
+    @staticmethod
+    def _feature(request: Mapping[str, Any], auth: Any, derived: _Derived) -> str:
+        metadata = _litellm.request_metadata(request)
+        noted = metadata.get(_CONTRACT_FEATURE_KEY)
+        # The traffic-contracts callback resolved it already (a value that names no configured feature cannot
+        # come from it: a client-written one is ignored).
+        if noted == UNASSIGNED or derived.book.canonical(noted) is not None:
+            return UNASSIGNED if noted == UNASSIGNED else str(derived.book.canonical(noted))
+        key_metadata = getattr(auth, "metadata", None)
+        team_metadata = getattr(auth, "team_metadata", None)
+        key_metadata = key_metadata if isinstance(key_metadata, Mapping) else {}
+        team_metadata = team_metadata if isinstance(team_metadata, Mapping) else {}
+        tags = [*_tags(key_metadata.get("tags")), *_tags(team_metadata.get("tags"))]
+        # Only what an admin set (key and team metadata and tags): the request body is not trusted here.
+        return resolve_feature(
+            derived.book,
+            key_feature=key_metadata.get("feature"),
+            team_feature=team_metadata.get("feature"),
+            admin_tags=tags,
+        ).feature
+
+    # -- local deployments ------------------------------------------------------------------------------
+    async def lease_started(self, deployment_id: str, lease_id: str) -> None:
+        """Backpressure took ``lease_id`` on ``deployment_id``: mark the request's start."""
+        derived = self._current()
+        if derived is None:
+            return
+        self._local.add(deployment_id)
+        self._prune(derived.settings)
+        half_life_ms, ttl_ms = self._durations(derived.settings.ratebalance.cost)
+        runtime = get_runtime()
+        try:
+            mark = await runtime.store().cost_start(deployment_id, half_life_ms=half_life_ms, ttl_ms=ttl_ms)
+        except StoreError as exc:
+            runtime.faults.record(_COMPONENT, exc, derived.settings)
+            return
+        self._open[lease_id] = _Open(deployment_id, mark.mark, self._clock())
+
+    def lease_usage(self, lease_id: str, response: Any) -> None:
+        """The response of ``lease_id``'s request arrived: note its prompt and output tokens."""
+        entry = self._open.get(lease_id)
+        if entry is not None and response is not None:
+            entry.prompt_tokens, entry.output_tokens = _litellm.response_usage(response)
+
+    async def lease_ended(self, deployment_id: str, lease_id: str, request: object, reserved_tokens: int) -> None:
+        """Backpressure released ``lease_id``: mark the end and charge the request's labels.
+
+        ``request``: the kwargs of the attempt that held the lease (for its caller's identity; anything else
+        reads as no identity);
+        ``reserved_tokens``: what backpressure reserved for it (prompt + max_tokens estimate)."""
+        entry = self._open.pop(lease_id, None)
+        derived = self._current()
+        if entry is None or derived is None:
+            return
+        cost = derived.settings.ratebalance.cost
+        half_life_ms, ttl_ms = self._durations(cost)
+        runtime = get_runtime()
+        try:
+            end = await runtime.store().cost_end(
+                deployment_id,
+                entry.start,
+                gpus=cost.deployment_gpus(deployment_id),
+                output_tokens=entry.output_tokens or 0,
+                half_life_ms=half_life_ms,
+                ttl_ms=ttl_ms,
+            )
+        except StoreError as exc:
+            runtime.faults.record(_COMPONENT, exc, derived.settings)
+            return
+        labels = self.labels(request if isinstance(request, Mapping) else None, derived)
+        if end.share is not None:
+            _gpu_seconds().labels(deployment_id, labels.priority, labels.team, labels.feature).inc(end.share)
+            price = cost.deployment_gpu_hour_usd(deployment_id)
+            if price is not None:
+                _cost_usd().labels(labels.priority, labels.team, labels.feature, "gpu").inc(end.share * price / 3600)
+        tokens = _cost_tokens()
+        tokens.labels(labels.priority, labels.team, labels.feature, "reserved").inc(max(0, reserved_tokens))
+        if entry.prompt_tokens is not None or entry.output_tokens is not None:
+            used = (entry.prompt_tokens or 0) + (entry.output_tokens or 0)
+            tokens.labels(labels.priority, labels.team, labels.feature, "used").inc(used)
+
+    def _prune(self, settings: Settings) -> None:
+        # An end that never comes (a lost event): its lease lapses in the store, and its entry goes here.
+        horizon = self._clock() - settings.ratebalance.backpressure.lease_max_age_seconds
+        for lease_id in [k for k, entry in self._open.items() if entry.opened < horizon]:
+            del self._open[lease_id]
+
+    # -- API deployments --------------------------------------------------------------------------------
+    def api_cost(self, kwargs: Mapping[str, Any], response: Any) -> float | None:
+        """Charge LiteLLM's response cost of a call that no local deployment served; the amount charged."""
+        derived = self._current()
+        if derived is None or self.is_local(_litellm.logged_deployment_id(kwargs, response)):
+            return None
+        amount = _litellm.logged_response_cost(kwargs)
+        if amount is None or amount <= 0 or not math.isfinite(amount):
+            return None
+        labels = self.labels(kwargs, derived)
+        _cost_usd().labels(labels.priority, labels.team, labels.feature, "api").inc(amount)
+        return amount
+
+
+def _tags(value: object) -> list[object]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+_METER = CostMeter()
+
+
+def cost_meter() -> CostMeter:
+    """The process's meter (backpressure's hooks and :class:`CostCallback` share it)."""
+    return _METER
+
+
+class CostCallback(CustomLogger):  # type: ignore[misc]
+    """Counts LiteLLM's response cost of API deployments (``litellm_ratebalance.cost`` in callbacks).
+
+    Local deployments are metered by backpressure through :func:`cost_meter`; their calls are skipped here, so
+    nothing is charged twice. In the proxy, building one schedules the start-up check of the settings.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        schedule_startup_check()
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        try:
+            if isinstance(kwargs, Mapping):
+                cost_meter().api_cost(kwargs, response_obj)
+        except Exception:
+            logger.exception("litellm_ratebalance cost: accounting of a response cost failed")
+
+
+cost = CostCallback()
