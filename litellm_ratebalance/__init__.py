@@ -4,7 +4,8 @@ for the LiteLLM proxy.
 Config users reference the ready instances in ``litellm_settings.callbacks``::
 
     callbacks: ["litellm_ratebalance.rate_limiter", "litellm_ratebalance.rate_balancer",
-                "litellm_ratebalance.traffic_contracts", "litellm_ratebalance.backpressure"]
+                "litellm_ratebalance.traffic_contracts", "litellm_ratebalance.backpressure",
+                "litellm_ratebalance.cost"]
 
 SDK users build the classes themselves and may hand in settings, a store or a router with
 :func:`configure`.
@@ -23,12 +24,15 @@ from litellm_ratebalance.settings import Settings, parse_settings
 if TYPE_CHECKING:
     from litellm_ratebalance.proxy.backpressure import BackpressureCallback, backpressure
     from litellm_ratebalance.proxy.contracts import TrafficContractsCallback, traffic_contracts
+    from litellm_ratebalance.proxy.cost import CostCallback, cost
     from litellm_ratebalance.proxy.limiter import PriorityRateLimiter, rate_limiter
     from litellm_ratebalance.proxy.routing import RateBalancedRouting, RateBalancerCallback, rate_balancer
     from litellm_ratebalance.proxy.runtime import configure
 
 _PROXY_NAMES = {
     "BackpressureCallback": "backpressure",
+    "CostCallback": "cost",
+    "cost": "cost",
     "backpressure": "backpressure",
     "TrafficContractsCallback": "contracts",
     "traffic_contracts": "contracts",
@@ -64,6 +68,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 __all__ = [
     "BackpressureCallback",
     "ConfigurationError",
+    "CostCallback",
     "PriorityRateLimiter",
     "RateBalanceError",
     "RateBalancedRouting",
@@ -76,6 +81,7 @@ __all__ = [
     "__version__",
     "backpressure",
     "configure",
+    "cost",
     "parse_settings",
     "rate_balancer",
     "rate_limiter",
