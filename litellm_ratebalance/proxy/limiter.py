@@ -23,11 +23,8 @@ and a success after a failed attempt still records its usage.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-import uuid
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +46,7 @@ from litellm_ratebalance.admission.policy import (
 )
 from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
+from litellm_ratebalance.proxy.admission_tickets import AdmissionTicket, TicketBook
 from litellm_ratebalance.proxy.capacity import Capacity, CapacityCache
 from litellm_ratebalance.proxy.identity import resolve_priority
 from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
@@ -74,20 +72,6 @@ _MIN_TICKET_SECONDS = 900.0
 
 _NO_OUTPUT_CALL_TYPES = frozenset({"embedding", "aembedding", "moderation", "amoderation", "rerank", "arerank"})
 """LiteLLM call types whose responses have no output tokens: no default output estimate is reserved."""
-
-
-@dataclass(slots=True)
-class _Ticket:
-    model_group: str
-    pool: str
-    window_start_ms: int
-    held_tokens: int
-    expires_at: float
-    learn_beyond: int | None
-    """Teaches the output estimate: the sample is the actual tokens minus this (the part counted before
-    the call); ``None`` when the request teaches nothing (no estimated output)."""
-    local: bool = False
-    """Admitted by this process's own store (``fail_mode: local``): its corrections go there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +102,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             schedule_startup_check()
         self._derived: _Derived | None = None
         self._capacity: CapacityCache | None = None
-        self._tickets: OrderedDict[str, _Ticket] = OrderedDict()
-        # Ticket ids only need to be unique among this instance's open tickets (and not collide with a
-        # copy of another process's metadata): a random prefix and a counter, cheaper than a uuid each.
-        self._ticket_prefix = uuid.uuid4().hex[:12] + "-"
-        self._ticket_numbers = itertools.count()
+        self._tickets = TicketBook(_MAX_OPEN_TICKETS)
         self._settles = SettleQueue(self._flush)
         self._local_settles = SettleQueue(self._flush_local)
         self._admissions = metrics.counter(
@@ -302,15 +282,13 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
                     model_group, priority_label, "admitted", ""
                 )
             admitted.inc()
-        ticket_id = f"{self._ticket_prefix}{next(self._ticket_numbers)}"
         learn_beyond = cost.fixed if cost.output_cap is not None else None
         # Late corrections still count (carried into the current window): keep tickets past their window.
         expires_at = time.monotonic() + max(2 * derived.window_ms / 1000, _MIN_TICKET_SECONDS)
-        self._remember(
-            ticket_id,
-            _Ticket(
+        ticket_id = self._tickets.open(
+            AdmissionTicket(
                 model_group, limits.pool, result.window_start_ms, result.cost_tokens, expires_at, learn_beyond, local
-            ),
+            )
         )
         metadata = data.get("metadata")
         if not isinstance(metadata, dict):
@@ -351,7 +329,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         entry = find_entry(kwargs, TICKET_KEY)
         if entry is None:
             return
-        ticket = self._take(str(entry.get("id")), keep_window=True)
+        ticket = self._tickets.close(str(entry.get("id")))
         if ticket is None:
             return
         derived = self._config()
@@ -391,34 +369,11 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         return None
 
     # -- tickets ----------------------------------------------------------------------------------------
-    def _remember(self, ticket_id: str, ticket: _Ticket) -> None:
-        tickets = self._tickets
-        now = time.monotonic()
-        # Forget tickets of requests that never reported back (bounded memory); a correction that comes
-        # later still would be carried into the window current then.
-        while tickets and (len(tickets) >= _MAX_OPEN_TICKETS or next(iter(tickets.values())).expires_at < now):
-            tickets.popitem(last=False)
-        tickets[ticket_id] = ticket
-
-    def _take(self, ticket_id: str, *, keep_window: bool) -> _Ticket | None:
-        """Remove the held reservation of a ticket; a later success still finds its window (held 0)."""
-        ticket = self._tickets.get(ticket_id)
-        if ticket is None:
-            return None
-        if keep_window:
-            del self._tickets[ticket_id]
-            return ticket
-        held = ticket.held_tokens
-        ticket.held_tokens = 0
-        return _Ticket(
-            ticket.model_group, ticket.pool, ticket.window_start_ms, held, ticket.expires_at, None, ticket.local
-        )
-
-    def _queue_of(self, ticket: _Ticket) -> SettleQueue:
+    def _queue_of(self, ticket: AdmissionTicket) -> SettleQueue:
         return self._local_settles if ticket.local else self._settles
 
     async def _release(self, ticket_id: str, exception: Any) -> None:
-        ticket = self._take(ticket_id, keep_window=False)
+        ticket = self._tickets.release(ticket_id)
         if ticket is None:
             return
         from fastapi import HTTPException
@@ -426,7 +381,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         # A proxy hook refused the request (another limiter, a guardrail): the provider never saw it.
         give_request_back = isinstance(exception, HTTPException)
         if give_request_back:
-            self._tickets.pop(ticket_id, None)
+            self._tickets.drop(ticket_id)
         elif ticket.held_tokens == 0:
             return
         self._queue_of(ticket).batch(ticket.model_group).add(
