@@ -12,7 +12,29 @@ import os
 
 from setuptools import setup
 
-COMPILED_MODULES = ["litellm_ratebalance/routing/estimator.py", "litellm_ratebalance/routing/balancer.py"]
+# The routing core (litellm_ratebalance.routing.CORE_MODULES says the same): compiled together, so calls
+# between these modules are native calls.
+COMPILED_MODULES = [
+    "litellm_ratebalance/routing_records.py",
+    *(
+        f"litellm_ratebalance/routing/{name}.py"
+        for name in (
+            "estimator",
+            "fits",
+            "types",
+            "inflight",
+            "window",
+            "view",
+            "evidence",
+            "changes",
+            "shares",
+            "live",
+            "selection",
+            "snapshot",
+            "balancer",
+        )
+    ),
+]
 
 ext_modules = []
 if os.environ.get("LITELLM_RATEBALANCE_COMPILE") == "1":

@@ -904,14 +904,6 @@ def resolve_redis(config: ProxyConfig, override: str | None = None, *, override_
 # -- collecting (I/O) -----------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Errors:
-    errors: list[BaseException] = field(default_factory=list)
-
-    def __call__(self, exc: BaseException) -> None:
-        self.errors.append(exc)
-
-
 async def _store_time_ms(store: Any) -> int:
     client = getattr(store, "client", None)
     if client is None:
@@ -927,19 +919,21 @@ async def _deployment_statuses(
     store: Any, settings: Settings, model_group: str, deployments: Sequence[ConfigDeployment]
 ) -> list[DeploymentStatus]:
     from litellm_ratebalance.proxy.routing import deployment_candidates
-    from litellm_ratebalance.routing.balancer import Candidate, read_balancer
+    from litellm_ratebalance.routing.snapshot import read_view, view_estimates
+    from litellm_ratebalance.routing.types import Candidate
 
-    errors = _Errors()
-    # One read, as routing_status makes it, but a store fault is an error here (routing_status logs and shows
-    # an empty view instead), and the view lists every deployment the shared statistics hold.
-    balancer = await read_balancer(store, settings.ratebalance.routing, model_group, on_store_error=errors)
-    if errors.errors:
-        exc = errors.errors[0]
+    # One read of the shared statistics (nothing written), as routing_status makes it, but a store fault is an
+    # error here (routing_status logs and shows an empty view instead). No balancer is built: the shares are
+    # computed from the view read, with nothing in flight, as every replica computes them from the same view.
+    routing = settings.ratebalance.routing
+    try:
+        view = await read_view(store, routing, model_group)
+    except Exception as exc:
         raise StoreError(f"reading routing statistics failed: {exc}") from exc
     candidates = deployment_candidates([d.deployment for d in deployments]) or ()
-    # Shares among exactly the configured deployments, as routing computes them from the shared view (what
-    # only a serving replica knows is left out): the figures routing_status gives.
-    estimates = balancer.estimates(model_group, list(candidates))
+    # Shares among exactly the configured deployments (what only a serving replica knows is left out): the
+    # figures routing_status gives.
+    estimates = view_estimates(view, routing, list(candidates))
     backpressure = settings.ratebalance.backpressure
     leases = await asyncio.gather(*(store.concurrency_snapshot(d.deployment_id) for d in deployments))
     out: list[DeploymentStatus] = []
@@ -965,9 +959,9 @@ async def _deployment_statuses(
     # proxy's database, a config changed since): shown with their figures, but no weight, since the
     # proxy's candidate set for them is unknown here.
     configured = {d.deployment_id for d in deployments}
-    extra = sorted(set(balancer.estimates(model_group)) - configured)
+    extra = sorted(set(view_estimates(view, routing)) - configured)
     if extra:
-        seen = balancer.estimates(model_group, [Candidate(d) for d in extra])
+        seen = view_estimates(view, routing, [Candidate(d) for d in extra])
         extra_leases = await asyncio.gather(*(store.concurrency_snapshot(d) for d in extra))
         for deployment_id, lease in zip(extra, extra_leases, strict=True):
             estimate = seen[deployment_id]

@@ -40,13 +40,14 @@ from litellm_ratebalance.proxy.identity import metadata_value
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 from litellm_ratebalance.proxy.tokens import message_text_chars, requested_output_tokens
 from litellm_ratebalance.routing import core_build
-from litellm_ratebalance.routing.balancer import Candidate, RateBalancer
+from litellm_ratebalance.routing.balancer import RateBalancer
 from litellm_ratebalance.routing.config import RoutingSettings
-from litellm_ratebalance.routing.estimator import RateLimitObservation, parse_reset_seconds
 from litellm_ratebalance.routing.model_info import deployment_id as _deployment_id
 from litellm_ratebalance.routing.model_info import model_info_problems
 from litellm_ratebalance.routing.model_info import positive as _positive
 from litellm_ratebalance.routing.model_info import slots as _slots
+from litellm_ratebalance.routing.types import Candidate
+from litellm_ratebalance.routing_records import RateLimitObservation, parse_reset_seconds
 from litellm_ratebalance.store.routing import RoutingStore
 
 __all__ = [

@@ -1,23 +1,52 @@
 """Rate-balanced routing: send each request where it is most likely to get a good token rate.
 
-* :mod:`~litellm_ratebalance.routing.estimator`: the pure algorithm (aggregates -> SLA -> shares);
-* :mod:`~litellm_ratebalance.routing.balancer`: :class:`RateBalancer`, the core with its local view and
-  write-behind of samples, independent of LiteLLM;
+The core, independent of LiteLLM (each module says what it owns):
+
+* :mod:`~litellm_ratebalance.routing.estimator`: the pure algorithm (aggregates -> SLA -> shares), with
+  :mod:`~litellm_ratebalance.routing.fits` (rate against load, latency against size);
+* :mod:`~litellm_ratebalance.routing.view` and :mod:`~litellm_ratebalance.routing.window`: a model group's
+  shared view (buckets, sync, clock offset) and the windows derived from it;
+* :mod:`~litellm_ratebalance.routing.shares`: the shares of a candidate set from a view;
+  :mod:`~litellm_ratebalance.routing.snapshot`: the same read from the store alone (``status``);
+* :mod:`~litellm_ratebalance.routing.evidence`, :mod:`~litellm_ratebalance.routing.live`,
+  :mod:`~litellm_ratebalance.routing.changes`: what this replica's requests in flight show, and change
+  detection; :mod:`~litellm_ratebalance.routing.inflight`: the in-flight book;
+* :mod:`~litellm_ratebalance.routing.selection`: the pickers;
+* :mod:`~litellm_ratebalance.routing.balancer`: :class:`RateBalancer`, the facade over them;
 * :mod:`~litellm_ratebalance.routing.config`: :class:`RoutingSettings`.
 
-The LiteLLM adapters (the ``rate_balancer`` callback, :class:`RateBalancedRouting`) live in
+The record types the store shares with routing live in :mod:`litellm_ratebalance.routing_records`; the
+LiteLLM adapters (the ``rate_balancer`` callback, :class:`RateBalancedRouting`) in
 :mod:`litellm_ratebalance.proxy.routing`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 from typing import Literal
 
-from litellm_ratebalance.routing import balancer, estimator
-from litellm_ratebalance.routing.balancer import Candidate, DeploymentEstimate, RateBalancer, routing_status
+from litellm_ratebalance import routing_records
+from litellm_ratebalance.routing import (
+    balancer,
+    changes,
+    estimator,
+    evidence,
+    fits,
+    inflight,
+    live,
+    selection,
+    shares,
+    snapshot,
+    types,
+    view,
+    window,
+)
+from litellm_ratebalance.routing.balancer import RateBalancer
 from litellm_ratebalance.routing.config import RoutingSettings
-from litellm_ratebalance.routing.estimator import RateAggregate, RateLimitObservation
+from litellm_ratebalance.routing.snapshot import routing_status
+from litellm_ratebalance.routing.types import Candidate, DeploymentEstimate
+from litellm_ratebalance.routing_records import RateAggregate, RateLimitObservation
 
 __all__ = [
     "Candidate",
@@ -30,13 +59,31 @@ __all__ = [
     "routing_status",
 ]
 
+CORE_MODULES: tuple[ModuleType, ...] = (
+    routing_records,
+    estimator,
+    fits,
+    types,
+    inflight,
+    window,
+    view,
+    evidence,
+    changes,
+    shares,
+    live,
+    selection,
+    snapshot,
+    balancer,
+)
+"""The modules of the routing core: the ones setup.py compiles with mypyc."""
+
 _EXTENSION_SUFFIXES = frozenset({".so", ".pyd"})
 
 
 def core_build() -> Literal["compiled", "python"]:
-    """Which build of the routing core this process runs: ``"compiled"`` when both of its modules (the
-    estimator and the balancer) were loaded from the optional mypyc-compiled extension modules (README,
-    "Optional compiled routing core"), else ``"python"``, the sources."""
-    modules = (estimator, balancer)
-    compiled = all(Path(getattr(module, "__file__", None) or "").suffix in _EXTENSION_SUFFIXES for module in modules)
+    """Which build of the routing core this process runs: ``"compiled"`` when every module of
+    :data:`CORE_MODULES` was loaded from the optional mypyc-compiled extension modules (README, "Optional
+    compiled routing core"), else ``"python"``, the sources (a stale build beside edited sources included)."""
+    files = (getattr(module, "__file__", None) or "" for module in CORE_MODULES)
+    compiled = all(Path(file).suffix in _EXTENSION_SUFFIXES for file in files)
     return "compiled" if compiled else "python"

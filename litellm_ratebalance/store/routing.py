@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from litellm_ratebalance.routing.estimator import RateAggregate, RateLimitObservation
+from litellm_ratebalance.routing_records import RateAggregate, RateLimitObservation
 from litellm_ratebalance.store._scripts import ScriptRunner
 from litellm_ratebalance.store.keys import KeySpace
 

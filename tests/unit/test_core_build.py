@@ -10,31 +10,29 @@ from prometheus_client import REGISTRY
 
 from litellm_ratebalance.proxy import routing as proxy_routing
 from litellm_ratebalance.proxy.routing import RateBalancerCallback
-from litellm_ratebalance.routing import balancer, core_build, estimator
+from litellm_ratebalance.routing import CORE_MODULES, core_build
 
 EXPECT_CORE = "LITELLM_RATEBALANCE_EXPECT_CORE"
 """Set by ``make test-compiled`` to ``compiled``: the suite must then run on the compiled modules."""
 
 
 @pytest.mark.parametrize(
-    ("estimator_file", "balancer_file", "expected"),
+    ("suffix", "odd_one", "expected"),
     [
-        ("/x/routing/estimator.py", "/x/routing/balancer.py", "python"),
-        (
-            "/x/routing/estimator.cpython-311-x86_64-linux-gnu.so",
-            "/x/routing/balancer.cpython-311-x86_64-linux-gnu.so",
-            "compiled",
-        ),
-        ("C:/x/routing/estimator.cp311-win_amd64.pyd", "C:/x/routing/balancer.cp311-win_amd64.pyd", "compiled"),
-        # one module compiled and the other not is not the compiled core (a stale build beside edited sources)
-        ("/x/routing/estimator.cpython-311-x86_64-linux-gnu.so", "/x/routing/balancer.py", "python"),
+        (".py", None, "python"),
+        (".cpython-311-x86_64-linux-gnu.so", None, "compiled"),
+        (".cp311-win_amd64.pyd", None, "compiled"),
+        # one module not compiled is not the compiled core (a stale build beside an edited source)
+        (".cpython-311-x86_64-linux-gnu.so", "balancer", "python"),
+        (".cpython-311-x86_64-linux-gnu.so", "routing_records", "python"),
     ],
 )
-def test_core_build_reads_where_both_modules_came_from(
-    monkeypatch: pytest.MonkeyPatch, estimator_file: str, balancer_file: str, expected: str
+def test_core_build_reads_where_every_core_module_came_from(
+    monkeypatch: pytest.MonkeyPatch, suffix: str, odd_one: str | None, expected: str
 ) -> None:
-    monkeypatch.setattr(estimator, "__file__", estimator_file)
-    monkeypatch.setattr(balancer, "__file__", balancer_file)
+    for module in CORE_MODULES:
+        name = module.__name__.rpartition(".")[2]
+        monkeypatch.setattr(module, "__file__", f"/x/routing/{name}{'.py' if name == odd_one else suffix}")
     assert core_build() == expected
 
 

@@ -11,7 +11,9 @@ import pytest
 
 from litellm_ratebalance.proxy.routing import request_work
 from litellm_ratebalance.routing import Candidate, RateBalancer, routing_status
-from litellm_ratebalance.routing.estimator import LoadFit, RateAggregate, SizeFit, recency_weight
+from litellm_ratebalance.routing.estimator import recency_weight
+from litellm_ratebalance.routing.fits import LoadFit, SizeFit
+from litellm_ratebalance.routing_records import RateAggregate
 from litellm_ratebalance.store import MemoryStore
 from tests.unit.routing_support import T0, Clock, candidates, feed, make_balancer, settings
 

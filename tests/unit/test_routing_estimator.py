@@ -13,22 +13,24 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from litellm_ratebalance.routing.estimator import (
-    NUM_BINS,
-    RATE_FLOOR,
     DeploymentState,
-    RateAggregate,
-    RateLimitObservation,
-    bin_bounds,
-    bin_index,
     compute_shares,
     effective_rate,
     failure_multiplier,
     headroom_multiplier,
-    parse_reset_seconds,
     pooled_percentile,
     probability_above,
     reweigh,
     weigh,
+)
+from litellm_ratebalance.routing_records import (
+    NUM_BINS,
+    RATE_FLOOR,
+    RateAggregate,
+    RateLimitObservation,
+    bin_bounds,
+    bin_index,
+    parse_reset_seconds,
 )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from litellm_ratebalance.routing import Candidate, RateBalancer
-from litellm_ratebalance.routing.balancer import _smooth_pick
+from litellm_ratebalance.routing.selection import smooth_pick as _smooth_pick
 from tests.unit.routing_support import candidates, feed, make_balancer
 
 G = "group"
@@ -102,7 +102,7 @@ async def test_an_unmeasured_deployments_overdue_bound_does_not_beat_the_sla() -
         balancer.choose(G, (Candidate("b"),))
         clock.advance(1.05)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("litellm_ratebalance.routing.balancer._UNMEASURED_BOUND", cap)
+            patch.setattr("litellm_ratebalance.routing.evidence.UNMEASURED_BOUND", cap)
             estimates = balancer.estimates(G, abc)
         assert estimates["b"].mode == "weighted" and estimates["b"].share is not None
         shares[cap] = estimates["b"].share
