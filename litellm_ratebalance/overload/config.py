@@ -176,8 +176,16 @@ class BackpressureSettings(SettingsModel):
     """Utilisation at which the lowest tier is shed; the tiers above it follow in order."""
     hard_threshold: Fraction = 0.95
     """Utilisation at which the highest tier is shed too."""
+    output_estimate: Literal["learned", "max_tokens"] = "learned"
+    """Output a request reserves in the KV cache. ``learned``: the mean completion tokens of the deployment's
+    answers (``default_output_tokens`` until 10 are learned), at most the request's max_tokens.
+    ``max_tokens``: the request's max_tokens, else ``default_output_tokens``."""
+    output_estimate_quantile: Fraction | None = None
+    """Unset: reserve the mean learned answer. A fraction: that quantile of the learned answers instead (0.9
+    reserves more per request, leaving part of the cache unused, for workloads with a few very long answers)."""
     default_output_tokens: Annotated[int, Field(ge=0, le=10_000_000)] = 256
-    """Output tokens expected of a request that sets neither max_tokens nor max_completion_tokens."""
+    """Output tokens reserved before anything is learned (``learned``), or by a request that sets neither
+    max_tokens nor max_completion_tokens (``max_tokens``)."""
     kv_cache_tokens: int | None = Field(default=None, ge=1, le=10**10)
     """Default KV-cache capacity in tokens for deployments that do not set their own."""
     server: ServerKind = "vllm"

@@ -91,6 +91,10 @@ class FairQueue(Generic[T]):
         self._depth += 1
         return entry
 
+    def top_rank(self) -> int | None:
+        """The highest tier with a waiting entry (``None`` when the queue is empty)."""
+        return max(self._clients) if self._clients else None
+
     def peek(self) -> QueueEntry[T] | None:
         """The entry to serve next: highest tier; within it, the client with the lowest counter (ties: the
         one waiting longest); within a client, first in first out."""

@@ -16,15 +16,22 @@ Definitions:
 
   1. a server signal (memory, compute, server queue) at or above ``θ`` -> shed (503, that signal's reason);
   2. token-aware check, where a KV-cache capacity ``C`` is known: tokens held = the larger of the
-     reservations in flight (prompt + max_tokens of each) and the measured KV-cache usage x ``C``; if held +
-     this request's cost would exceed ``θ x C`` -> shed (503 ``memory_pressure``); a request whose cost
-     alone exceeds ``θ x C`` can never fit (advice ``reroute``);
+     reservations in flight (prompt + the output reserved for each, see :mod:`.output`) and the measured
+     KV-cache usage x ``C``; if held + this request's cost would exceed ``θ x C`` -> shed (503
+     ``memory_pressure``); a request whose cost alone exceeds ``θ x C`` can never fit (advice ``reroute``);
   3. concurrency: the highest tier may fill every slot of the limit; at the limit it gets 429
      ``concurrency_limit`` (or waits in the queue where one is enabled). A lower tier may take a slot while
      the concurrency signal, ``in flight / limit``, is below ``θ`` (judged before the admission, as the
      server signals in 1. are) and one slot at least stays free for the tiers above -> else shed (503
      ``compute_saturation``);
-  4. admit.
+  4. a request of a higher tier is waiting for this deployment (``waiting_rank`` > ``t``) -> shed (503,
+     ``memory_pressure`` when the tokens are the tighter resource, else ``compute_saturation``): what
+     frees up goes to the waiting request, not to a lower tier arriving after it;
+  5. admit.
+
+  **Waiting** (:attr:`Verdict.queueable`): a refusal of the highest tier that draining can cure, a full
+  limit (3.) or memory (1. on a memory signal, 2.) for a request that fits an idle deployment, may wait in
+  the deployment's queue instead; lower tiers are shed, never queued.
 * **Retry-after** comes from the drain rate, by Little's law: a deployment with ``N`` requests in flight
   and mean latency ``W`` completes ``N / W`` requests per second, so freeing ``k`` slots takes ``k / (N / W)``
   seconds. Each refusal says how many completions it waits for.
@@ -46,6 +53,7 @@ __all__ = [
     "advice",
     "decide",
     "retry_after_seconds",
+    "store_refusal",
     "tier_slots",
     "tier_threshold",
     "worst_signal",
@@ -168,11 +176,22 @@ class Verdict:
     """The tier's slot cap (see :func:`tier_slots`): the store's atomic check uses the same number."""
     token_cap: int | None = None
     """The tier's token cap (``θ x C``), or ``None`` without a KV-cache capacity."""
+    lease_token_cap: int | None = None
+    """The token cap the store's atomic check applies to the reservations: ``token_cap`` less what the
+    measured KV-cache usage exceeds the reservations by, so the store refuses what the measurement refuses."""
+    higher_waiting: bool = False
+    """Refused because a request of a higher tier waits for this deployment (rule 4)."""
+    queueable: bool = False
+    """Refused, but waiting can cure it: the highest tier at the concurrency limit or short of memory (a
+    request that fits an idle deployment). Shedding of the lower tiers is deliberate and never queued."""
 
     @property
-    def queueable(self) -> bool:
-        """At the concurrency limit only: waiting for a slot can help (shedding is deliberate, not queued)."""
-        return self.reason is Reason.CONCURRENCY_LIMIT
+    def count_based(self) -> bool:
+        """A refusal on the shared in-flight counts (slots, reserved tokens) that the store's atomic check
+        decides too: fresher counts (another replica's releases) can turn it into an admission."""
+        if self.higher_waiting:
+            return False
+        return self.signal == "concurrency" or (self.signal == "kv_cache" and self.lease_token_cap is not None)
 
 
 def decide(
@@ -187,31 +206,48 @@ def decide(
     cost_tokens: int,
     reserved_tokens: int = 0,
     kv_cache_tokens: int | None = None,
+    waiting_rank: int | None = None,
 ) -> Verdict:
     """Decide one request of tier ``rank`` against one deployment (see the module docstring).
 
     ``server_signals``: the measured signals other than ``concurrency`` (which is ``inflight / limit``).
+    ``waiting_rank``: the highest tier of the requests waiting in this deployment's queue (``None``: none).
     """
+    top = n_tiers <= 1 or rank >= n_tiers - 1
     threshold = tier_threshold(rank, n_tiers, shed_threshold, hard_threshold)
     slots = tier_slots(rank, n_tiers, limit, shed_threshold, hard_threshold)
     token_cap = None if kv_cache_tokens is None else math.floor(threshold * kv_cache_tokens)
     signals = dict(server_signals)
     signals["concurrency"] = inflight / limit if limit > 0 else 1.0
     overall = worst_signal(signals)
+    measured = signals.get("kv_cache", 0.0) * kv_cache_tokens if kv_cache_tokens else 0.0
+    lease_token_cap = None if token_cap is None else max(0, token_cap - math.ceil(max(0.0, measured - reserved_tokens)))
     admit = Verdict(
-        True, utilisation=overall.value, threshold=threshold, signal=overall.signal, slots=slots, token_cap=token_cap
+        True,
+        utilisation=overall.value,
+        threshold=threshold,
+        signal=overall.signal,
+        slots=slots,
+        token_cap=token_cap,
+        lease_token_cap=lease_token_cap,
     )
 
     server = worst_signal(server_signals)
     if server.signal is not None and server.value >= threshold:
         # Enough of the in-flight work must finish for the signal to fall back under the threshold.
         needed = inflight * (server.value - threshold) / server.value + 1 if server.value > 0 else 1.0
+        drains = server.reason is Reason.MEMORY_PRESSURE and inflight > 0
         return replace(
-            admit, admitted=False, reason=server.reason, status=503, signal=server.signal, completions_needed=needed
+            admit,
+            admitted=False,
+            reason=server.reason,
+            status=503,
+            signal=server.signal,
+            completions_needed=needed,
+            queueable=top and drains,
         )
 
     if token_cap is not None and kv_cache_tokens is not None:
-        measured = signals.get("kv_cache", 0.0) * kv_cache_tokens
         held = max(float(reserved_tokens), measured)
         if held + cost_tokens > token_cap:
             per_request = held / inflight if inflight > 0 else float(cost_tokens)
@@ -225,10 +261,10 @@ def decide(
                 signal="kv_cache",
                 completions_needed=max(1.0, needed),
                 never_fits=cost_tokens > token_cap,
+                queueable=top and cost_tokens <= token_cap,
             )
 
     if inflight + 1 > slots:
-        top = n_tiers <= 1 or rank >= n_tiers - 1
         return replace(
             admit,
             admitted=False,
@@ -236,8 +272,48 @@ def decide(
             status=429 if top else 503,
             signal="concurrency",
             completions_needed=float(inflight + 1 - slots),
+            queueable=top,
+        )
+
+    if waiting_rank is not None and waiting_rank > rank:
+        # Capacity that frees up belongs to the request waiting above this one: name the tighter resource.
+        memory = max(float(reserved_tokens), measured) / kv_cache_tokens if kv_cache_tokens else 0.0
+        tokens_tighter = memory > signals["concurrency"]
+        return replace(
+            admit,
+            admitted=False,
+            reason=Reason.MEMORY_PRESSURE if tokens_tighter else Reason.COMPUTE_SATURATION,
+            status=503,
+            signal="kv_cache" if tokens_tighter else "concurrency",
+            completions_needed=1.0,
+            higher_waiting=True,
         )
     return admit
+
+
+def store_refusal(fresh: Verdict, tokens: bool, top: bool) -> Verdict:
+    """The verdict for a lease the shared store refused although ``fresh`` (this process's view, just
+    updated with the store's counts) admits it: another replica's requests hold what the store counted.
+    ``tokens``: the store refused on the token cap (else on the slot cap); ``top``: the highest tier."""
+    if tokens:
+        return replace(
+            fresh,
+            admitted=False,
+            reason=Reason.MEMORY_PRESSURE,
+            status=503,
+            signal="kv_cache",
+            completions_needed=1.0,
+            queueable=top,
+        )
+    return replace(
+        fresh,
+        admitted=False,
+        reason=Reason.CONCURRENCY_LIMIT if top else Reason.COMPUTE_SATURATION,
+        status=429 if top else 503,
+        signal="concurrency",
+        completions_needed=1.0,
+        queueable=top,
+    )
 
 
 def retry_after_seconds(

@@ -14,11 +14,11 @@ import pytest
 
 from litellm_ratebalance.overload.signals import SCRAPE_FAILURES_BEFORE_WARNING, SignalBoard
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.backpressure import (
-    _LITELLM_LOGGERS,
-    _MARK,
-    _REFUSAL_LOG,
-    _RefusalLogFilter,
+from litellm_ratebalance.proxy.backpressure_refusals import (
+    LITELLM_LOGGERS,
+    MARK,
+    REFUSAL_LOG,
+    RefusalLogFilter,
     quiet_refusal_logs,
 )
 
@@ -39,7 +39,7 @@ def refusal(reason: str, status: int = 503) -> Exception:
     exc = _litellm.service_unavailable(message, {"retry-after": "1"})
     if status == 429:
         exc = _litellm.rate_limit_exception(message, {"retry-after": "1"}, "m")
-    setattr(exc, _MARK, reason)
+    setattr(exc, MARK, reason)
     return exc
 
 
@@ -63,7 +63,7 @@ def test_a_refusal_is_one_warning_per_reason_per_interval_without_traceback(
     litellm_log: logging.Logger, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
-    quiet = _RefusalLogFilter(30.0, clock)
+    quiet = RefusalLogFilter(30.0, clock)
     litellm_log.addFilter(quiet)
     try:
         for _ in range(5):
@@ -97,11 +97,11 @@ def test_the_filter_sits_on_litellms_proxy_and_router_loggers() -> None:
     from litellm._logging import verbose_proxy_logger, verbose_router_logger
 
     # The names are LiteLLM's; if they change, refusals are logged with tracebacks again.
-    assert {verbose_proxy_logger.name, verbose_router_logger.name} == set(_LITELLM_LOGGERS)
+    assert {verbose_proxy_logger.name, verbose_router_logger.name} == set(LITELLM_LOGGERS)
     quiet_refusal_logs()
     quiet_refusal_logs()
     for log in (verbose_proxy_logger, verbose_router_logger):
-        assert log.filters.count(_REFUSAL_LOG) == 1
+        assert log.filters.count(REFUSAL_LOG) == 1
 
 
 async def test_one_failed_scrape_is_not_reported(caplog: pytest.LogCaptureFixture) -> None:

@@ -390,3 +390,39 @@ async def test_a_cancelled_request_gives_its_slot_back(harness: Harness) -> None
     view = callback.snapshot()["gpu1"]
     assert view["local_leases"] == 0 and view["inflight"] == 0
     assert outcome(await call(router, max_tokens=5)) == (200, None)
+
+
+async def _until(predicate: Callable[[], bool], what: str) -> None:
+    """Poll (not a timed assertion: the bound only stops a hung test) until ``predicate`` holds."""
+    for _ in range(500):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def test_top_tier_waits_for_memory_and_lower_tiers_are_refused_meanwhile(harness: Harness) -> None:
+    router, callback, (server,) = await harness(
+        {
+            "tiers": ["low", "high"],
+            "kv_cache_tokens": 2000,
+            "output_estimate": "max_tokens",  # reservations are exactly prompt + max_tokens here
+            "limit": {"initial_limit": 16, "min_limit": 16, "max_limit": 16},  # slots never bind
+            "queue": {"enabled": True, "max_wait_seconds": 30},
+        },
+        [ServerSpec(knee=16, step_seconds=0.002, memory_tokens=2000)],
+    )
+    # Two low requests reserve ~2 x 700 of the low tier's 1700 tokens.
+    lows = [asyncio.create_task(call(router, "low", max_tokens=600, key=f"l{i}")) for i in range(2)]
+    await _until(lambda: callback.snapshot().get("gpu1", {}).get("inflight") == 2, "both low requests admitted")
+    # A high request needs 700 more: 2100 > 1900, its tier's cap. It waits instead of a 503...
+    high = asyncio.create_task(call(router, "high", max_tokens=600, key="h"))
+    await _until(lambda: callback.snapshot()["gpu1"]["queue_depth"] == 1, "the high request waiting")
+    # ...and a small low request, which would fit under the low tier's cap, is refused while it waits.
+    small = await call(router, "low", max_tokens=10, key="s")
+    assert outcome(small) == (503, "memory_pressure")
+    assert "higher priority tier are waiting" in str(small)
+    assert outcome(await high) == (200, None)
+    assert [outcome(r) for r in await asyncio.gather(*lows)] == [(200, None)] * 2
+    assert server.stats.oom_failures == 0
+    assert server.stats.peak_memory_tokens <= 1900

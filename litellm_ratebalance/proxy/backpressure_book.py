@@ -1,0 +1,249 @@
+"""Backpressure's state in one process: the deployments it manages, the leases (slots) this process holds,
+and the pure decision for one request against one deployment.
+
+* :class:`Profile`: what a request is to the policy (tier, prompt, its ``max_tokens``, fairness key);
+* :class:`Lease`: one slot this process took in the shared store, and the tokens it reserved there;
+* :class:`DeploymentState`: one deployment's limit, last known shared counts, queue, leases, learned output;
+* :class:`Context`: everything bound to one event loop and one settings object, with the lease book
+  (leases by LiteLLM call id) and :meth:`Context.decide`, which feeds the pure policy
+  (:func:`~litellm_ratebalance.overload.shedding.decide`) with this process's view;
+* :data:`PROCESS`: the one live context of this process.
+
+Nothing here does I/O: the store calls live in :mod:`.backpressure_admit` and :mod:`.backpressure_maintain`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from litellm_ratebalance.overload.config import BackpressureSettings, DeploymentConfig, LimitSettings
+from litellm_ratebalance.overload.limits import GradientLimit, LimitConfig
+from litellm_ratebalance.overload.output import OutputEstimate
+from litellm_ratebalance.overload.queue import FairQueue
+from litellm_ratebalance.overload.shedding import Tiers, Verdict, decide
+from litellm_ratebalance.overload.signals import SignalBoard, server_signals
+
+__all__ = ["PROCESS", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
+
+logger = logging.getLogger("litellm_ratebalance.backpressure")
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """What one request is to the shedding policy (the same for every deployment it may go to)."""
+
+    tier: str
+    rank: int
+    prompt_tokens: int
+    max_tokens: int | None
+    """The request's max_tokens / max_completion_tokens; ``None`` when it sets neither."""
+    client: str
+    weight: float
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    lease_id: str
+    deployment_id: str
+    call_id: str
+    profile: Profile
+    cost: int
+    """Tokens reserved in the store: prompt + the output reserved on this deployment."""
+    started_wall: float
+    started: float
+    attempt: object = None
+    """The kwargs dict of the attempt that took it: LiteLLM hands that same dict to every callback of one
+    attempt, so a second instance of the callback class in ``litellm.callbacks`` can see the slot is taken."""
+
+
+@dataclass(slots=True, eq=False)
+class Waiter:
+    profile: Profile
+    call_id: str
+    future: asyncio.Future[Lease | None]
+
+
+class DeploymentState:
+    """This process's view of one deployment: its limit, last known shared counts, queue, leases."""
+
+    __slots__ = (
+        "config",
+        "counted_at",
+        "dispatcher",
+        "inflight",
+        "leases",
+        "limit",
+        "mean_latency",
+        "model_group",
+        "output",
+        "queue",
+        "reserved_tokens",
+        "wake",
+    )
+
+    def __init__(self, config: DeploymentConfig, model_group: str, limit_settings: LimitSettings) -> None:
+        self.config = config
+        self.model_group = model_group
+        self.limit = GradientLimit(
+            LimitConfig(
+                initial_limit=config.initial_limit,
+                min_limit=config.min_limit,
+                max_limit=config.max_limit,
+                tolerance=limit_settings.tolerance,
+                smoothing=limit_settings.smoothing,
+                growth=limit_settings.growth,
+                backoff_ratio=limit_settings.backoff_ratio,
+                drop_cooldown_seconds=limit_settings.drop_cooldown_seconds,
+                baseline_drift_per_minute=limit_settings.baseline_drift_per_minute,
+            )
+        )
+        self.inflight = 0
+        self.reserved_tokens = 0
+        self.counted_at = -math.inf
+        self.mean_latency: float | None = None
+        self.queue: FairQueue[Waiter] = FairQueue(config.queue_max_depth)
+        self.leases: dict[str, Lease] = {}
+        self.wake = asyncio.Event()
+        self.dispatcher: asyncio.Task[None] | None = None
+        self.output = OutputEstimate()
+
+    @property
+    def deployment_id(self) -> str:
+        return self.config.deployment_id
+
+    def counts(self, inflight: int, reserved_tokens: int, now: float) -> None:
+        """The shared counts as the store just reported them (at ``now``, monotonic seconds)."""
+        self.inflight, self.reserved_tokens = max(0, inflight), max(0, reserved_tokens)
+        self.counted_at = now
+
+
+@dataclass
+class Context:
+    """Everything bound to one event loop and one settings object (tests swap both)."""
+
+    loop: asyncio.AbstractEventLoop
+    settings: BackpressureSettings
+    tiers: Tiers
+    board: SignalBoard
+    clock: Callable[[], float]
+    """Monotonic seconds (the owner's clock: tests inject one)."""
+    deployments: dict[str, DeploymentState] = field(default_factory=dict)
+    broken: set[str] = field(default_factory=set)
+    """Deployments whose ``model_info.backpressure`` is invalid (logged once; they pass unchecked)."""
+    calls: dict[str, list[Lease]] = field(default_factory=dict)
+    """The lease book: this process's leases by LiteLLM call id (a retried call holds one per attempt)."""
+    groups: dict[str, tuple[DeploymentState | None, ...]] = field(default_factory=dict)
+    """Per model group, the deployments the last routing filter saw (``None``: one we do not manage)."""
+    maintenance: asyncio.Task[None] | None = None
+    last_renew: float = -math.inf
+    owner: Any = None
+    """The callback instance whose hooks built this context (its probe, fetcher and clock are used)."""
+
+    def deployment(self, model_info: Any, model_group: str) -> DeploymentState | None:
+        """The state of the deployment ``model_info`` describes, created on first sight; ``None`` when it is
+        not managed (no id, disabled, or an invalid ``model_info.backpressure``: logged once, passes)."""
+        if not isinstance(model_info, Mapping) or model_info.get("id") is None:
+            return None
+        deployment_id = str(model_info["id"])
+        state = self.deployments.get(deployment_id)
+        if state is not None:
+            return state
+        if deployment_id in self.broken:
+            return None
+        try:
+            config = self.settings.for_deployment(deployment_id, model_info)
+        except Exception as exc:
+            self.broken.add(deployment_id)
+            logger.error("litellm_ratebalance backpressure: deployment %s is not checked: %s", deployment_id, exc)
+            return None
+        if not config.enabled:
+            self.broken.add(deployment_id)
+            return None
+        state = self.deployments[deployment_id] = DeploymentState(config, model_group, self.settings.limit)
+        return state
+
+    # -- lease book -----------------------------------------------------------------------------------------
+    def hold(self, state: DeploymentState, lease: Lease) -> None:
+        state.leases[lease.lease_id] = lease
+        self.calls.setdefault(lease.call_id, []).append(lease)
+
+    def forget(self, lease: Lease) -> DeploymentState | None:
+        """Take ``lease`` out of the book (no store call); its deployment's state, if still known."""
+        leases = self.calls.get(lease.call_id)
+        if leases is not None:
+            with contextlib.suppress(ValueError):
+                leases.remove(lease)
+            if not leases:
+                del self.calls[lease.call_id]
+        state = self.deployments.get(lease.deployment_id)
+        if state is not None:
+            state.leases.pop(lease.lease_id, None)
+        return state
+
+    # -- the decision ---------------------------------------------------------------------------------------
+    def cost(self, state: DeploymentState, profile: Profile) -> int:
+        """Tokens ``profile`` reserves on ``state``: its prompt + the output reserved there."""
+        settings = self.settings
+        output = state.output.reserve(
+            profile.max_tokens,
+            mode=settings.output_estimate,
+            default_output_tokens=settings.default_output_tokens,
+            quantile=settings.output_estimate_quantile,
+        )
+        return profile.prompt_tokens + output
+
+    def server_signals(self, state: DeploymentState) -> dict[str, float]:
+        now = self.clock()
+        stale = self.settings.signals.stale_after_seconds
+        config = state.config
+        return server_signals(
+            self.board.metrics(config.deployment_id, now, stale),
+            self.board.gpus(config.gpu_indices, now, stale) if self.settings.signals.nvml else None,
+            kv_cache_tokens=config.kv_cache_tokens,
+            server_queue_limit=config.server_queue_limit,
+            gpu_utilization=self.settings.signals.gpu_utilization,
+        )
+
+    def decide(self, state: DeploymentState, profile: Profile, *, queued: bool = False) -> Verdict:
+        """The policy's verdict for ``profile`` on ``state`` now. ``queued``: the request is the head of the
+        queue (the requests waiting there are not ahead of it)."""
+        settings = self.settings
+        return decide(
+            rank=profile.rank,
+            n_tiers=len(self.tiers),
+            shed_threshold=settings.shed_threshold,
+            hard_threshold=settings.hard_threshold,
+            server_signals=self.server_signals(state),
+            inflight=state.inflight,
+            limit=state.limit.limit,
+            cost_tokens=self.cost(state, profile),
+            reserved_tokens=state.reserved_tokens,
+            kv_cache_tokens=state.config.kv_cache_tokens,
+            waiting_rank=None if queued else state.queue.top_rank(),
+        )
+
+    def queue_depth(self, state: DeploymentState) -> int:
+        """Requests waiting for this deployment: in our queue plus inside the server (when scraped)."""
+        server = self.board.metrics(state.deployment_id, self.clock(), self.settings.signals.stale_after_seconds)
+        waiting = server.waiting if server is not None and server.waiting is not None else 0.0
+        return len(state.queue) + int(waiting)
+
+
+class _Process:
+    """The one live context of this process.
+
+    Process-wide rather than per instance because LiteLLM keeps a single logger per class for its success /
+    failure events (``logging_callback_manager`` refuses a second instance of the same class): events may
+    reach another instance than the one whose hooks took the leases, so both must see the same state.
+    """
+
+    ctx: Context | None = None
+
+
+PROCESS = _Process()

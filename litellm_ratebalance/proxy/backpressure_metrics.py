@@ -1,0 +1,78 @@
+"""Backpressure's Prometheus series (on the proxy's ``/metrics``; names get the package prefix there).
+
+Gauges per deployment (limit, in flight, queue depth, utilisation per signal, learned output), counters of
+refusals and drops, the queue-wait histogram, and the shared hook-latency histogram. Each function looks
+its family up in :mod:`litellm_ratebalance.metrics` (created once, on first use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from litellm_ratebalance import metrics
+
+__all__ = ["count_drop", "count_refusal", "hook_latency", "observe_queue_wait", "set_gauges"]
+
+_QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def set_gauges(
+    deployment_id: str,
+    *,
+    limit: int,
+    inflight: int,
+    queue_depth: int,
+    signals: Mapping[str, float] | None = None,
+    output_estimate: float | None = None,
+) -> None:
+    """The deployment's gauges; ``signals`` / ``output_estimate`` only when given (the maintenance step)."""
+    metrics.gauge("backpressure_concurrency_limit", "Adaptive concurrency limit per deployment", ["deployment"]).labels(
+        deployment_id
+    ).set(limit)
+    metrics.gauge("backpressure_inflight", "Requests in flight per deployment (all replicas)", ["deployment"]).labels(
+        deployment_id
+    ).set(inflight)
+    metrics.gauge("backpressure_queue_depth", "Requests waiting in this process's queue", ["deployment"]).labels(
+        deployment_id
+    ).set(queue_depth)
+    if signals is not None:
+        gauge = metrics.gauge(
+            "backpressure_utilization", "Backpressure signals per deployment (1.0 = full)", ["deployment", "signal"]
+        )
+        for name, value in signals.items():
+            gauge.labels(deployment_id, name).set(value)
+    if output_estimate is not None:
+        metrics.gauge(
+            "backpressure_output_estimate_tokens",
+            "Learned output tokens a request reserves in the deployment's KV cache (at most its max_tokens)",
+            ["deployment"],
+        ).labels(deployment_id).set(output_estimate)
+
+
+def count_refusal(model_group: str, tier: str, reason: str) -> None:
+    metrics.counter(
+        "backpressure_refusals",
+        "Requests refused by backpressure, by model group, priority tier and reason",
+        ["model_group", "tier", "reason"],
+    ).labels(model_group, tier, reason).inc()
+
+
+def count_drop(deployment_id: str) -> None:
+    metrics.counter(
+        "backpressure_drops", "Requests that failed on the server side (limit backs off)", ["deployment"]
+    ).labels(deployment_id).inc()
+
+
+def observe_queue_wait(deployment_id: str, seconds: float) -> None:
+    metrics.histogram(
+        "backpressure_queue_wait_seconds",
+        "Time requests waited in a deployment's backpressure queue",
+        ["deployment"],
+        buckets=_QUEUE_WAIT_BUCKETS,
+    ).labels(deployment_id).observe(seconds)
+
+
+def hook_latency() -> Any:
+    """The shared hook latency histogram (the same family the limiter and the contracts observe)."""
+    return metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
