@@ -31,7 +31,8 @@ JSON output (``--json``), schema 1; keys are stable, new keys may be added::
                           "weight": float|null (routing choice probability), "samples": float,
                           "failures": float (both recency-weighted when routing weighs by age),
                           "routing_mode": str, "in_flight": int|null, "reserved_tokens": int|null,
-                          "concurrency_limit": {"min": int, "initial": int, "max": int}|null}]}],
+                          "concurrency_limit": {"min": int, "initial": int, "max": int}|null,
+                          "gpu_seconds_per_1k_output_tokens": float|null}]}],
      "contracts": null | {
          "window_seconds": int, "window_start": int (s), "reset_seconds": int,
          "features": [{"feature": str, "requests": int, "rpm_limit": int|null, "tokens": int,
@@ -97,6 +98,10 @@ __all__ = [
 SCHEMA_VERSION = 1
 DEFAULT_POOL_LABEL = "default"
 NOT_IN_CONFIG = "not in config"
+GPU_COLUMN_NOTE = (
+    "GPU-s/1k tok: attributed GPU-seconds per 1000 output tokens of recent requests (ratebalance.cost, shared "
+    "state of all replicas); '-': no request metered there lately (not behind backpressure, or cost off)"
+)
 """``routing_mode`` of a deployment the store has statistics for but the config does not list."""
 
 
@@ -140,6 +145,9 @@ class DeploymentStatus:
     reserved_tokens: int | None
     concurrency_limit: ConcurrencyRange | None
     """Configured backpressure range (None: deployment not managed by backpressure)."""
+    gpu_seconds_per_1k_output_tokens: float | None = None
+    """Attributed GPU-seconds per 1000 output tokens of its recent requests (the cost state's decayed sums;
+    None: no request was metered on it within the state's lifetime, or it is not behind backpressure)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +352,7 @@ def report_json(report: StatusReport) -> dict[str, Any]:
             "concurrency_limit": None
             if limit is None
             else {"min": limit.min, "initial": limit.initial, "max": limit.max},
+            "gpu_seconds_per_1k_output_tokens": _round(d.gpu_seconds_per_1k_output_tokens),
         }
 
     def group(g: GroupStatus) -> dict[str, Any]:
@@ -489,7 +498,16 @@ def format_table(report: StatusReport) -> str:
             lines.append(f"  routing mode {', '.join(modes) or '-'}; in flight = leases of all replicas")
             lines.extend(
                 _table(
-                    ["deployment", "est. rate tok/s", "weight", "samples", "failures", "in flight", "conc. limit"],
+                    [
+                        "deployment",
+                        "est. rate tok/s",
+                        "weight",
+                        "samples",
+                        "failures",
+                        "in flight",
+                        "conc. limit",
+                        "GPU-s/1k tok",
+                    ],
                     [
                         [
                             _short_id(d.deployment_id),
@@ -502,11 +520,13 @@ def format_table(report: StatusReport) -> str:
                             if d.concurrency_limit is None
                             else f"{d.concurrency_limit.min}..{d.concurrency_limit.max}"
                             f" (start {d.concurrency_limit.initial})",
+                            _num(d.gpu_seconds_per_1k_output_tokens, 3),
                         ]
                         for d in g.deployments
                     ],
                 )
             )
+            lines.append(f"  {GPU_COLUMN_NOTE}")
     contracts = report.contracts
     if contracts is not None:
         lines.append("")
@@ -936,6 +956,7 @@ async def _deployment_statuses(
     estimates = view_estimates(view, routing, list(candidates))
     backpressure = settings.ratebalance.backpressure
     leases = await asyncio.gather(*(store.concurrency_snapshot(d.deployment_id) for d in deployments))
+    efficiency = await _gpu_per_1k(store, settings, [d.deployment_id for d in deployments])
     out: list[DeploymentStatus] = []
     for d, lease in zip(deployments, leases, strict=True):
         estimate = estimates.get(d.deployment_id)
@@ -953,6 +974,7 @@ async def _deployment_statuses(
                 concurrency_limit=ConcurrencyRange(config.min_limit, config.initial_limit, config.max_limit)
                 if config.enabled and backpressure.enabled
                 else None,
+                gpu_seconds_per_1k_output_tokens=efficiency[d.deployment_id],
             )
         )
     # Deployments the store has statistics for that the config does not list (models added through the
@@ -963,6 +985,7 @@ async def _deployment_statuses(
     if extra:
         seen = view_estimates(view, routing, [Candidate(d) for d in extra])
         extra_leases = await asyncio.gather(*(store.concurrency_snapshot(d) for d in extra))
+        extra_efficiency = await _gpu_per_1k(store, settings, extra)
         for deployment_id, lease in zip(extra, extra_leases, strict=True):
             estimate = seen[deployment_id]
             out.append(
@@ -976,9 +999,17 @@ async def _deployment_statuses(
                     in_flight=lease.inflight,
                     reserved_tokens=lease.reserved_tokens,
                     concurrency_limit=None,
+                    gpu_seconds_per_1k_output_tokens=extra_efficiency[deployment_id],
                 )
             )
     return out
+
+
+async def _gpu_per_1k(store: Any, settings: Settings, deployment_ids: Sequence[str]) -> dict[str, float | None]:
+    """GPU-seconds per 1k output tokens of each deployment from the cost state in the store (None: no data)."""
+    half_life_ms = int(settings.ratebalance.cost.efficiency_half_life_seconds * 1000)
+    sums = await asyncio.gather(*(store.cost_efficiency(d, half_life_ms=half_life_ms) for d in deployment_ids))
+    return {d: (None if s is None else s.per_1k_output_tokens()) for d, s in zip(deployment_ids, sums, strict=True)}
 
 
 async def collect(

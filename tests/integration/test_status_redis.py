@@ -106,10 +106,18 @@ async def _drive(url: str, derived_id: str) -> dict[str, Any]:
     balancer.record("chat", "from-the-database", latency=1.0, output_tokens=30)  # a deployment not in config
     await balancer.aclose()
     await store.lease_acquire("chat-a", "lease-1", slot_cap=4, ttl_ms=60_000, cost_tokens=70)
+    # One metered request on chat-a (cost attribution's marks around a lease), 250 output tokens.
+    half_life_ms = int(settings.ratebalance.cost.efficiency_half_life_seconds * 1000)
+    await store.lease_acquire("chat-a", "lease-2", slot_cap=4, ttl_ms=60_000, cost_tokens=30)
+    start = await store.cost_start("chat-a", half_life_ms=half_life_ms, ttl_ms=60_000)
+    await asyncio.sleep(0.02)
+    await store.lease_release("chat-a", "lease-2")
+    await store.cost_end("chat-a", start.mark, gpus=1, output_tokens=250, half_life_ms=half_life_ms, ttl_ms=60_000)
+    efficiency = await store.cost_efficiency("chat-a", half_life_ms=half_life_ms)
     admission = await store.admission_snapshot("chat", 60_000)
     window = await store.contract_window(3600)
     await client.aclose()
-    return {"refused": refused, "modes": modes, "admission": admission, "window": window}
+    return {"refused": refused, "modes": modes, "admission": admission, "window": window, "efficiency": efficiency}
 
 
 def _derived_id() -> str:
@@ -153,6 +161,11 @@ def test_status_json_and_table_show_what_was_written(
     assert (a["in_flight"], a["reserved_tokens"], b["in_flight"]) == (1, 70, 0)
     assert a["concurrency_limit"] == {"min": 2, "initial": 4, "max": 16}
     assert b["concurrency_limit"] is None  # not configured for backpressure
+    per_1k = written["efficiency"].per_1k_output_tokens()
+    assert per_1k is not None and per_1k > 0
+    # Read by status from the same shared state (decayed a few ms further: equal to 3 significant digits).
+    assert a["gpu_seconds_per_1k_output_tokens"] == pytest.approx(per_1k, rel=1e-3)
+    assert b["gpu_seconds_per_1k_output_tokens"] is None  # nothing metered there
 
     contracts = doc["contracts"]
     window = written["window"]
@@ -179,6 +192,10 @@ def test_status_json_and_table_show_what_was_written(
     cells = a_line.split()
     assert cells[:3] == ["chat-a", "100.0", f"{a['weight']:.3f}"] and cells[4:7] == ["0", "1", "2..16"]
     assert float(cells[3]) == pytest.approx(a["samples"], abs=0.06)
+    assert float(cells[-1]) == pytest.approx(per_1k, abs=0.0015)  # the GPU-s/1k tok column
+    b_line = next(line for line in table.splitlines() if line.lstrip().startswith(derived_id[:20]))
+    assert b_line.split()[-1] == "-"
+    assert "GPU-s/1k tok: attributed GPU-seconds per 1000 output tokens" in table
     feature_line = next(line for line in table.splitlines() if line.lstrip().startswith("smart-window"))
     assert feature_line.split() == ["smart-window", "3", "2", "borrowed", "120", "5000", "normal"]
 
