@@ -1,38 +1,49 @@
-"""Routing benchmark: LiteLLM's built-in strategies vs the rate balancer vs an oracle, on mock deployments.
+"""Routing benchmark: LiteLLM's built-in strategies vs the rate balancer (vs an oracle), on mock deployments.
 
 Every strategy drives a real ``litellm.Router`` (``openai/...`` deployments whose ``api_base`` points at mock
 OpenAI-compatible servers on 127.0.0.1, run in a child process) through the same seeded scenario: the same
-request sequence (open-loop Poisson arrivals) and the same true deployment behaviour over time. One scenario
-also runs through the real ``litellm`` proxy process (``litellm_settings.callbacks:
+request plan (open-loop Poisson arrivals; the answer's length in each prompt, ``max_tokens`` equal to it, absent
+or far above it) and the same true deployment behaviour over time. The strategies of a scenario and seed run
+side by side, in groups of ``--side-by-side`` (default 3), each in its own worker process with its own mock
+cluster, from one shared epoch: machine noise hits a group alike, and no two strategies share LiteLLM's
+process-wide callback lists. ``ours`` is ``RateBalancedRouting(...).install()``; ``ours-litellm`` the same
+strategy set the LiteLLM way only (``router.set_custom_routing_strategy``). The built-ins' time settings are
+scaled like ours (``--builtin-time scaled``, see BUILT_IN_TIME_ARGS) unless ``--builtin-time default``. One
+scenario can also run through the real ``litellm`` proxy process (``litellm_settings.callbacks:
 ["litellm_ratebalance.rate_balancer"]``) against the best built-in strategy of that scenario.
 
 Usage::
 
-    python bench/bench_routing.py            # full run, one seed (~14 minutes on 2 cores)
-    python bench/bench_routing.py --quick    # ~1 minute smoke run
-    python bench/bench_routing.py --write    # also write bench/results/routing.md and the drift share plot
-    python bench/bench_routing.py --duration 9 --write --results-name routing_9s   # shorter runs, own file
+    # the per-seed table (8 seeds x 6 scenarios, 12 s runs, no proxy; ~35 minutes on 2 busy cores)
+    python bench/bench_routing.py --seeds 1 2 3 4 5 6 7 8 --duration 12 --no-proxy \
+        --strategies ours least-busy latency-based-routing simple-shuffle usage-based-routing-v2 ours-litellm --write
+    python bench/bench_routing.py --quick    # smoke run: 2 s per run
+    python bench/bench_routing.py --duration 9 --write --results-name routing_9s   # own file
     python bench/bench_routing.py --ours selection='"random"'   # one of ours' settings overridden (JSON)
+    python bench/bench_routing.py --sequential   # strategies one after another on one mock cluster
 
-Each run lasts DEFAULT_DURATION (30 s) of arrivals, about 300 requests: with the simulation's time
-compressed ~10x that is five minutes of traffic. The bootstrap (every deployment measured once, the slowest
-answering after seconds) and the seconds it takes to see a change are fixed costs; they weigh a third of
-what they did in the 9 s runs of earlier commits, and a p95 rests on ~15 requests rather than ~4.
+Each run lasts DEFAULT_DURATION (30 s) of arrivals unless ``--duration`` says otherwise; with the simulation's
+time compressed ~10x, 12 s is two minutes of traffic. The bootstrap (every deployment measured once, the slowest
+answering after seconds) and the seconds it takes to see a change are fixed costs, heavier in shorter runs.
 
-Per scenario it prints the mean and p5 effective token rate ((output + input / ratio) / latency, failures
-count 0), p50/p95 latency of successful requests (the targets' p95) and the p95 of every request (a failure at
-its time to fail), goodput (output tokens of successful requests per second),
-errors, the share of requests each deployment received, and ratios against the best built-in and the oracle.
+With several seeds it prints, and ``--write`` writes, the targets per scenario (ours >= 0.9x least-busy's mean
+effective rate on every seed, ours' average >= the best built-in's), the per-seed table, averages across seeds,
+and for any seed under 0.9x least-busy a trace: shares per deployment over time and the balancer's estimates.
+Per run it prints the mean and p5 effective token rate ((output + input / ratio) / latency, failures count 0),
+p50/p95 latency of successful requests and the p95 of every request (a failure at its time to fail), goodput
+(output tokens of successful requests per second), errors and the share of requests each deployment received.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import json
 import math
+import multiprocessing
 import os
 import random
 import re
@@ -42,8 +53,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +66,7 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector
 from litellm_ratebalance.simulate.load import (
     RequestResult,
     Summary,
+    effective_rate,
     proxy_sender,
     router_sender,
     run_load,
@@ -65,7 +77,21 @@ from litellm_ratebalance.simulate.oracle import MOCK_NAME_KEY, OracleRouting
 from litellm_ratebalance.simulate.scenarios import SCENARIOS, Scenario, build_scenario
 
 BUILT_INS = ("simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2")
-STRATEGIES = (*BUILT_INS, "ours", "oracle")
+OURS = ("ours", "ours-litellm")
+"""``ours``: ``RateBalancedRouting(router, balancer=...).install()``; ``ours-litellm``: the same strategy set the
+way LiteLLM documents custom strategies, ``router.set_custom_routing_strategy(RateBalancedRouting(router,
+balancer=...))`` and nothing else (no ``install()``)."""
+STRATEGIES = (
+    "ours",
+    "least-busy",
+    "latency-based-routing",
+    "simple-shuffle",
+    "usage-based-routing-v2",
+    "ours-litellm",
+    "oracle",
+)
+"""Default strategies, in the order they run: side by side in groups of ``--side-by-side`` (3: ours beside
+least-busy and latency-based, the built-ins it is held to)."""
 EXTRA_STRATEGIES = ("ours-slots",)
 """Run only when named: ``ours-slots`` is ours with each deployment's true capacity configured as
 ``model_info.slots`` (what a user who knows a server's concurrency, e.g. vLLM's ``--max-num-seqs``, can
@@ -88,6 +114,20 @@ OURS_SETTINGS: dict[str, Any] = {
     "stall_min_seconds": 1.0,
     "rate_limit_header_max_age_seconds": 5.0,
 }
+BUILT_IN_TIME_ARGS: dict[str, dict[str, Any]] = {
+    "latency-based-routing": {"ttl": 300.0},
+    "usage-based-routing-v2": {"ttl": 5},
+}
+"""``routing_strategy_args`` of the built-ins whose state has a time setting, scaled like ours (``--builtin-time
+scaled``, the default) by ~12x, as ours' ``window_seconds`` 120 -> 5 and ``rate_limit_header_max_age_seconds``
+60 -> 5: latency-based's ``ttl`` (how long its per-deployment latency list lives) 3600 -> 300 s, still longer than
+a run, so its last-10-samples list decides as before; usage-based-v2's ``ttl`` (life of its per-deployment
+tpm/rpm counters, which start at the first request after expiry) 60 -> 5 s, so it counts 5 s windows rather than
+whole minutes. usage-based-v2 also keys its counters by the wall-clock minute (not a setting): a minute boundary
+inside a run still restarts its counts. ``--builtin-time default`` runs them on LiteLLM's defaults. least-busy
+and simple-shuffle have no time setting."""
+BUILT_IN_TIME = "scaled"
+"""``scaled`` (BUILT_IN_TIME_ARGS) or ``default`` (LiteLLM's): set by ``--builtin-time``."""
 ROUTER_SETTINGS: dict[str, Any] = {}
 """Extra ``litellm.Router`` settings for every strategy (``--router``; the proxy runs get them in
 ``router_settings``), e.g. ``disable_cooldowns``. Empty: LiteLLM's defaults."""
@@ -105,6 +145,8 @@ class Run:
     results: list[RequestResult]
     served: list[ServedRequest]
     wall_seconds: float
+    trace: list[str] = field(default_factory=list)
+    """Our balancer's estimates sampled during the run (ours' runs only)."""
 
     def shares(self, names: Sequence[str]) -> dict[str, float]:
         """Share of the requests that reached each deployment (by the mock's own log)."""
@@ -173,7 +215,10 @@ def _make_router(
     model_list = _model_list(scenario, api_bases, tag, _group(tag), slots=strategy == "ours-slots")
     common: dict[str, Any] = {"num_retries": 0, "timeout": scenario.workload.timeout, **ROUTER_SETTINGS}
     if strategy in BUILT_INS:
-        router = litellm.Router(model_list=model_list, routing_strategy=strategy, **common)
+        args = BUILT_IN_TIME_ARGS.get(strategy, {}) if BUILT_IN_TIME == "scaled" else {}
+        router = litellm.Router(
+            model_list=model_list, routing_strategy=strategy, routing_strategy_args=dict(args), **common
+        )
         return router, None, router.discard, None
     router = litellm.Router(model_list=model_list, routing_strategy="simple-shuffle", **common)
     if strategy == "oracle":
@@ -181,15 +226,18 @@ def _make_router(
         oracle = OracleRouting(router, specs, epoch, ratio=RATIO)
         router.set_custom_routing_strategy(oracle)
         return router, oracle.finished, router.discard, None
-    if strategy in ("ours", "ours-slots"):
+    if strategy in ("ours", "ours-slots", "ours-litellm"):
+        from litellm_ratebalance import RateBalancer, RoutingSettings
         from litellm_ratebalance.proxy.routing import RateBalancedRouting
-        from litellm_ratebalance.routing.balancer import RateBalancer
-        from litellm_ratebalance.routing.config import RoutingSettings
         from litellm_ratebalance.store import MemoryStore
 
         balancer = RateBalancer(
             MemoryStore(), RoutingSettings(**OURS_SETTINGS), rng=random.Random(f"ours/{scenario.name}/{scenario.seed}")
         )
+        if strategy == "ours-litellm":
+            # As LiteLLM documents custom strategies: set it on the router, nothing else.
+            router.set_custom_routing_strategy(RateBalancedRouting(router, balancer=balancer))
+            return router, None, router.discard, balancer
         ours = RateBalancedRouting(router, balancer=balancer).install()
 
         def teardown() -> None:
@@ -205,14 +253,18 @@ async def _trace_balancer(balancer: Any, epoch: float, tag: str, every: float, e
     lines: list[str] = []
     while time.time() - epoch < end:
         await asyncio.sleep(every)
-        estimates = balancer.estimates(_group(tag))
+        try:
+            estimates = balancer.estimates(_group(tag))
+        except Exception as exc:  # diagnostics only: never break a run
+            lines.append(f"    t={time.time() - epoch:4.1f}s estimates failed: {exc!r}")
+            continue
         parts = []
         for deployment_id, e in sorted(estimates.items()):
             name = deployment_id.removeprefix(tag + "-")
             share = "-" if e.share is None else f"{e.share:.2f}"
             parts.append(
                 f"{name}: share {share} n {e.samples:.1f} fail {e.failures:.1f} mean {e.mean_rate:.0f} "
-                f"sd {e.std_rate:.0f} inflight {e.in_flight} load-shift {e.load_shift:+.0f}"
+                f"sd {e.std_rate:.0f} inflight {e.in_flight} load-shift {getattr(e, 'load_shift', 0.0):+.0f}"
             )
         mode = next(iter(estimates.values())).mode if estimates else "-"
         lines.append(f"    t={time.time() - epoch:4.1f}s [{mode}] " + " | ".join(parts))
@@ -226,23 +278,27 @@ async def run_strategy(
     run_no: int,
     *,
     trace: bool = False,
-    alone: bool = True,
+    epoch: float | None = None,
 ) -> Run:
-    """Run one strategy on a scenario against ``cluster`` (reset for the run). ``alone``: no other run shares
-    this process, so the global generator can be seeded and LiteLLM's callback lists restored afterwards."""
+    """Run one strategy on a scenario against ``cluster`` (reset for the run), its first request due at
+    ``epoch`` (wall clock; default 0.3 s from now). No other run shares this process: the global generator is
+    seeded and LiteLLM's callback lists restored afterwards."""
     workload = scenario.workload
-    with _isolated_callbacks() if alone else contextlib.nullcontext():
-        epoch = time.time() + 0.3
+    with _isolated_callbacks():
+        epoch = time.time() + 0.3 if epoch is None else epoch
+        late = time.time() + 0.1 - epoch
+        if late > 0:
+            print(f"  {strategy}: ready {late:.2f} s after its epoch: its first requests go out late", flush=True)
         await cluster.reset(epoch=epoch)
         tag = f"r{run_no}"
-        if alone:
-            # LiteLLM's shuffles draw from the global generator: seed it so a run repeats as far as timing allows.
-            random.seed(f"{scenario.name}/{scenario.seed}/{strategy}")
+        # LiteLLM's shuffles draw from the global generator: seed it so a run repeats as far as timing allows.
+        random.seed(f"{scenario.name}/{scenario.seed}/{strategy}")
         router, on_done, teardown, balancer = _make_router(strategy, scenario, cluster.api_bases, epoch, tag)
         tracer = None
-        if trace and balancer is not None:
-            every = workload.duration / 12
-            tracer = asyncio.create_task(_trace_balancer(balancer, epoch, tag, every, workload.duration + 1))
+        trace_lines: list[str] = []
+        if balancer is not None:  # always sampled (cheap); printed with --trace, reported for a missed seed
+            every = workload.duration / 10
+            tracer = asyncio.create_task(_trace_balancer(balancer, epoch, tag, every, workload.duration + 0.5))
         try:
             send = router_sender(router, _group(tag), timeout=workload.timeout)
             done = (lambda request: on_done(str(request.index))) if on_done is not None else None
@@ -251,44 +307,105 @@ async def run_strategy(
             wall = time.perf_counter() - started
             await asyncio.sleep(0.2)  # let LiteLLM's logging tasks of the last requests finish before teardown
             if tracer is not None:
-                print(f"  ours' estimates on {scenario.name}:\n" + "\n".join(await tracer), flush=True)
+                trace_lines = await tracer
+            if trace and trace_lines:
+                print(f"  {strategy}'s estimates on {scenario.name}:\n" + "\n".join(trace_lines), flush=True)
         finally:
+            if tracer is not None and not tracer.done():
+                tracer.cancel()
             teardown()
     served = await cluster.served()
-    return Run(scenario.name, strategy, summarise(results, RATIO), results, served, wall)
+    return Run(scenario.name, strategy, summarise(results, RATIO), results, served, wall, trace_lines)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One strategy on one scenario and seed, for a worker process (with the settings the parent parsed)."""
+
+    scenario: str
+    seed: int
+    duration: float
+    strategy: str
+    run_no: int
+    epoch: float
+    trace: bool
+    ours_settings: dict[str, Any]
+    router_settings: dict[str, Any]
+    builtin_time: str
+
+
+def _worker_ready() -> int:
+    """Warm-up job: the worker has imported LiteLLM and this module; its pid."""
+    time.sleep(0.5)  # held a moment, so every idle worker takes one warm-up job
+    return os.getpid()
+
+
+def _worker_run(job: _Job) -> Run:
+    """Run ``job`` in this worker process: its own mock cluster process, Router and LiteLLM callback lists."""
+    global BUILT_IN_TIME
+    OURS_SETTINGS.clear()
+    OURS_SETTINGS.update(job.ours_settings)
+    ROUTER_SETTINGS.clear()
+    ROUTER_SETTINGS.update(job.router_settings)
+    BUILT_IN_TIME = job.builtin_time
+    scenario = build_scenario(job.scenario, duration=job.duration, seed=job.seed)
+
+    async def one() -> Run:
+        async with MockClusterProcess(scenario.deployments) as cluster:
+            return await run_strategy(cluster, scenario, job.strategy, job.run_no, trace=job.trace, epoch=job.epoch)
+
+    return asyncio.run(one())
+
+
+START_MARGIN_SECONDS = 4.0
+"""Side by side: the shared epoch is this far ahead of the jobs' submission (a worker starts its mock cluster
+process and builds its Router in that time)."""
 
 
 async def run_scenario(
-    scenario: Scenario, strategies: Sequence[str], first_run_no: int, *, parallel: bool, trace: bool
-) -> tuple[list[Run], MockClusterProcess]:
-    """Every strategy on ``scenario``: one after another on one mock cluster, or (``parallel``, the quick
-    smoke run) all at once, each on its own mock cluster process. Returns the runs and a started cluster for
-    the proxy runs (the caller stops it)."""
-    if not parallel:
-        cluster = MockClusterProcess(scenario.deployments)
-        await cluster.start()
-        runs = []
-        for offset, strategy in enumerate(strategies):
-            runs.append(await run_strategy(cluster, scenario, strategy, first_run_no + offset, trace=trace))
-            _print_run(runs[-1])
-        return runs, cluster
-    clusters = [MockClusterProcess(scenario.deployments) for _ in strategies]
-    try:
-        await asyncio.gather(*(c.start() for c in clusters))
-        with _isolated_callbacks():
-            runs = list(
-                await asyncio.gather(
-                    *(
-                        run_strategy(c, scenario, s, first_run_no + i, trace=trace, alone=False)
-                        for i, (c, s) in enumerate(zip(clusters, strategies, strict=True))
-                    )
-                )
+    scenario: Scenario,
+    strategies: Sequence[str],
+    first_run_no: int,
+    *,
+    pool: concurrent.futures.ProcessPoolExecutor | None,
+    trace: bool,
+) -> list[Run]:
+    """Every strategy on ``scenario``: one after another on one mock cluster (no ``pool``), or side by side
+    (the default) in groups of the pool's size, in ``strategies`` order: the strategies of a group at the same
+    time from one epoch, each in its own worker process with its own mock cluster process, so machine noise hits
+    them alike and no two share LiteLLM's process-wide callback lists."""
+    if pool is None:
+        async with MockClusterProcess(scenario.deployments) as cluster:
+            runs = []
+            for offset, strategy in enumerate(strategies):
+                runs.append(await run_strategy(cluster, scenario, strategy, first_run_no + offset, trace=trace))
+                _print_run(runs[-1])
+        return runs
+    loop = asyncio.get_running_loop()
+    size = pool._max_workers  # the executor keeps its size only there
+    runs = []
+    for start in range(0, len(strategies), size):
+        epoch = time.time() + START_MARGIN_SECONDS
+        jobs = [
+            _Job(
+                scenario.name,
+                scenario.seed,
+                scenario.workload.duration,
+                strategy,
+                first_run_no + start + offset,
+                epoch,
+                trace,
+                dict(OURS_SETTINGS),
+                dict(ROUTER_SETTINGS),
+                BUILT_IN_TIME,
             )
-    finally:
-        await asyncio.gather(*(c.stop() for c in clusters[1:]))
-    for run in runs:
-        _print_run(run)
-    return runs, clusters[0]
+            for offset, strategy in enumerate(strategies[start : start + size])
+        ]
+        group = list(await asyncio.gather(*(loop.run_in_executor(pool, _worker_run, job) for job in jobs)))
+        for run in group:
+            _print_run(run)
+        runs += group
+    return runs
 
 
 def _print_run(run: Run) -> None:
@@ -529,28 +646,32 @@ def plot_drift(scenario: Scenario, runs: Sequence[Run], path: Path, bin_seconds:
 
 # -- main -------------------------------------------------------------------------------------------------
 async def run_seed(
-    args: argparse.Namespace, seed: int, duration: float, run_no: int, workdir: Path, with_proxy: bool
+    args: argparse.Namespace,
+    seed: int,
+    duration: float,
+    run_no: int,
+    workdir: Path,
+    with_proxy: bool,
+    pool: concurrent.futures.ProcessPoolExecutor | None,
 ) -> dict[str, list[Run]]:
     """Every scenario and strategy for one seed (plus the proxy runs when ``with_proxy``)."""
-    strategies = [s for s in (*STRATEGIES, *EXTRA_STRATEGIES) if s in args.strategies]
+    strategies = list(args.strategies)
     runs_by: dict[str, list[Run]] = {}
     for name in args.scenarios:
         scenario = build_scenario(name, duration=duration, seed=seed)
         print(f"\n== seed {seed}, {scenario.name}: {scenario.description}; {len(scenario.plan())} requests", flush=True)
-        runs, cluster = await run_scenario(scenario, strategies, run_no, parallel=args.quick, trace=args.trace)
+        runs = await run_scenario(scenario, strategies, run_no, pool=pool, trace=args.trace)
         run_no += len(strategies)
         runs_by[scenario.name] = runs
-        try:
-            if with_proxy and scenario.name == PROXY_SCENARIO:
-                built_in = [r for r in runs if r.strategy in BUILT_INS]
-                proxy_strategies = ["ours"]
-                if built_in and not args.quick:
-                    proxy_strategies.insert(0, max(built_in, key=lambda r: r.summary.mean_rate).strategy)
+        if with_proxy and scenario.name == PROXY_SCENARIO:
+            built_in = [r for r in runs if r.strategy in BUILT_INS]
+            proxy_strategies = ["ours"]
+            if built_in and not args.quick:
+                proxy_strategies.insert(0, max(built_in, key=lambda r: r.summary.mean_rate).strategy)
+            async with MockClusterProcess(scenario.deployments) as cluster:
                 for strategy in proxy_strategies:
                     runs.append(await run_proxy(cluster, scenario, strategy, workdir))
                     _print_run(runs[-1])
-        finally:
-            await cluster.stop()
     return runs_by
 
 
@@ -630,15 +751,168 @@ def targets_across_seeds(names: Sequence[str], by_seed: dict[int, dict[str, list
     return lines
 
 
+MIN_VS_LEAST_BUSY = 0.9
+"""Target: ours' mean effective rate at least this fraction of least-busy's on every seed."""
+
+
+def _ours_of(strategies: Collection[str]) -> list[str]:
+    """Which of ours ran, in OURS order."""
+    return [o for o in OURS if o in strategies]
+
+
+def per_seed_table(names: Sequence[str], by_seed: dict[int, dict[str, list[Run]]]) -> list[str]:
+    """One row per scenario and seed: mean effective rate of each strategy, and ours' ratios to least-busy and to
+    the best built-in of that seed (a ratio to least-busy under the target is marked MISS)."""
+    strategies = [
+        s
+        for s in (*OURS, *BUILT_INS, "oracle")
+        if any(r.strategy == s for rb in by_seed.values() for runs in rb.values() for r in runs)
+    ]
+    ours = [s for s in OURS if s in strategies]
+    header = "| scenario | seed | " + " | ".join(strategies)
+    for o in ours:
+        header += f" | {o} / least-busy | {o} / best built-in"
+    lines = [header + " |", "|---|---:|" + "---:|" * (len(strategies) + 2 * len(ours))]
+    for name in names:
+        for seed, runs_by in by_seed.items():
+            runs = {r.strategy: r for r in runs_by.get(name, []) if not r.strategy.startswith("proxy")}
+            if not runs:
+                continue
+            cells = [_fmt(runs[s].summary.mean_rate) if s in runs else "-" for s in strategies]
+            built_in = [runs[b].summary.mean_rate for b in BUILT_INS if b in runs]
+            best = max(built_in) if built_in else math.nan
+            least_busy = runs["least-busy"].summary.mean_rate if "least-busy" in runs else math.nan
+            for o in ours:
+                if o not in runs:
+                    cells += ["-", "-"]
+                    continue
+                mine = runs[o].summary.mean_rate
+                vs_lb = mine / least_busy if least_busy else math.nan
+                miss = " MISS" if vs_lb < MIN_VS_LEAST_BUSY else ""
+                cells += [f"{vs_lb:.2f}{miss}", f"{mine / best:.2f}" if best else "-"]
+            lines.append(f"| {name} | {seed} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def seed_targets(names: Sequence[str], by_seed: dict[int, dict[str, list[Run]]]) -> list[str]:
+    """Per scenario and each of ours: the two targets (every seed >= 0.9x least-busy; the average over seeds
+    >= the best built-in's average), with the worst seed."""
+    lines = [
+        "| scenario | strategy | seeds | avg mean rate | best built-in (avg) | avg / best built-in (>= 1) "
+        "| min over seeds of / least-busy (>= 0.9) | seeds >= 0.9x least-busy | met |",
+        "|---|---|---:|---:|---|---:|---:|---:|---|",
+    ]
+    for name in names:
+        rows: dict[str, list[float]] = {}
+        ratios: dict[str, list[tuple[float, int]]] = {}
+        for seed, runs_by in by_seed.items():
+            runs = {
+                r.strategy: r.summary.mean_rate for r in runs_by.get(name, []) if not r.strategy.startswith("proxy")
+            }
+            for strategy, rate in runs.items():
+                rows.setdefault(strategy, []).append(rate)
+            for o in _ours_of(runs):
+                if "least-busy" in runs:
+                    ratios.setdefault(o, []).append((runs[o] / runs["least-busy"], seed))
+        averages = {k: sum(v) / len(v) for k, v in rows.items()}
+        built_in = {b: averages[b] for b in BUILT_INS if b in averages}
+        if not built_in:
+            continue
+        best_name = max(built_in, key=lambda b: built_in[b])
+        for o in OURS:
+            if o not in averages or o not in ratios:
+                continue
+            vs_best = averages[o] / built_in[best_name]
+            worst, worst_seed = min(ratios[o])
+            met_seeds = sum(r >= MIN_VS_LEAST_BUSY for r, _ in ratios[o])
+            met = vs_best >= 1.0 and met_seeds == len(ratios[o])
+            lines.append(
+                f"| {name} | {o} | {len(rows[o])} | {averages[o]:.1f} | {best_name} {built_in[best_name]:.1f} "
+                f"| {vs_best:.2f} | {worst:.2f} (seed {worst_seed}) | {met_seeds}/{len(ratios[o])} "
+                f"| {'met' if met else 'MISSED'} |"
+            )
+    return lines
+
+
+def shares_over_time(run: Run, names: Sequence[str], bins: int, duration: float) -> list[str]:
+    """Share of requests (by arrival) each deployment received, per time bin: one line per bin."""
+    width = duration / bins
+    counts = [dict.fromkeys(names, 0) for _ in range(bins)]
+    for record in run.served:
+        index = min(bins - 1, max(0, int(record.arrival / width)))
+        counts[index][record.deployment] = counts[index].get(record.deployment, 0) + 1
+    lines = []
+    for i, bin_counts in enumerate(counts):
+        total = sum(bin_counts.values())
+        cells = "/".join(f"{100 * bin_counts[n] / total:3.0f}" if total else "  -" for n in names)
+        lines.append(f"    t={i * width:4.1f}-{(i + 1) * width:4.1f}s {cells} % (n {total})")
+    return lines
+
+
+def miss_traces(names: Sequence[str], by_seed: dict[int, dict[str, list[Run]]], duration: float) -> list[str]:
+    """For every scenario and seed where one of ours fell under 0.9x least-busy: per-deployment shares over time
+    of it and least-busy, how each did per deployment, and its balancer's estimates over the run."""
+    lines: list[str] = []
+    for name in names:
+        for seed, runs_by in by_seed.items():
+            runs = {r.strategy: r for r in runs_by.get(name, []) if not r.strategy.startswith("proxy")}
+            if "least-busy" not in runs:
+                continue
+            scenario = build_scenario(name, duration=duration, seed=seed)
+            deployments = [spec.name for spec in scenario.deployments]
+            for o in _ours_of(runs):
+                ratio = runs[o].summary.mean_rate / runs["least-busy"].summary.mean_rate
+                if ratio >= MIN_VS_LEAST_BUSY:
+                    continue
+                lines += [f"#### {name}, seed {seed}: {o} at {ratio:.2f}x least-busy", "", "```"]
+                for strategy in (o, "least-busy"):
+                    run = runs[strategy]
+                    lines.append(f"  {strategy}: shares {'/'.join(deployments)} over time (by arrival)")
+                    lines += shares_over_time(run, deployments, 10, scenario.workload.duration)
+                    lines.append(f"  {strategy}: per deployment " + _per_deployment(run, deployments))
+                lines.append(f"  {o}'s balancer over time (share, samples, mean rate, in flight per deployment):")
+                lines += runs[o].trace
+                lines += ["```", ""]
+    return lines
+
+
+def _per_deployment(run: Run, names: Sequence[str]) -> str:
+    """Requests, mean effective rate and errors per deployment (results matched to the mock's log by id)."""
+    where = {r.request_id: r.deployment for r in run.served if r.request_id is not None}
+    parts = []
+    for name in names:
+        mine = [r for r in run.results if where.get(str(r.index)) == name]
+        if not mine:
+            parts.append(f"{name}: 0")
+            continue
+        rates = [effective_rate(r, RATIO) for r in mine]
+        errors = sum(not r.ok for r in mine)
+        parts.append(f"{name}: n {len(mine)} mean {sum(rates) / len(rates):.0f} err {errors}")
+    return "; ".join(parts)
+
+
 async def main_async(args: argparse.Namespace) -> int:
     duration = args.duration or (2.0 if args.quick else DEFAULT_DURATION)
     seeds: list[int] = args.seeds
     by_seed: dict[int, dict[str, list[Run]]] = {}
     bench_started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-routing-") as tmp:
-        for i, seed in enumerate(seeds):
-            # The proxy runs go with the first seed only (they add two proxy start-ups).
-            by_seed[seed] = await run_seed(args, seed, duration, 1 + 100 * i, Path(tmp), args.proxy and i == 0)
+    pool = None
+    if not args.sequential:
+        # One worker process per strategy of a group (spawned: a fresh interpreter, no state forked from this one).
+        size = max(1, min(args.side_by_side, len(args.strategies)))
+        pool = concurrent.futures.ProcessPoolExecutor(size, mp_context=multiprocessing.get_context("spawn"))
+        loop = asyncio.get_running_loop()
+        pids = await asyncio.gather(*(loop.run_in_executor(pool, _worker_ready) for _ in range(size)))
+        print(f"{len(set(pids))} worker processes ready", flush=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-routing-") as tmp:
+            for i, seed in enumerate(seeds):
+                # The proxy runs go with the first seed only (they add two proxy start-ups).
+                with_proxy = args.proxy and i == 0
+                by_seed[seed] = await run_seed(args, seed, duration, 1 + 100 * i, Path(tmp), with_proxy, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown()
     elapsed = time.perf_counter() - bench_started
     command = "python bench/bench_routing.py " + " ".join(args.argv)
     lines = [
@@ -659,21 +933,56 @@ async def main_async(args: argparse.Namespace) -> int:
         "(a failure counts 0); latency over successful requests; goodput = successful output tokens / run time; "
         "share = requests each deployment received (mock log). `ours` = `RateBalancedRouting` with "
         + ", ".join(f"{k}={v}" for k, v in OURS_SETTINGS.items())
-        + " (time settings scaled to the compressed simulation), the rest default. "
+        + " (time settings scaled to the compressed simulation), the rest default; `ours-litellm` = the same, "
+        "set with `router.set_custom_routing_strategy(RateBalancedRouting(router, balancer=...))` only (no "
+        "`install()`). Built-ins' time settings: "
+        + (
+            "scaled the same way (`routing_strategy_args`: "
+            + "; ".join(f"{k} {v}" for k, v in BUILT_IN_TIME_ARGS.items())
+            + "; usage-based-v2's counters are also keyed by the wall-clock minute, which no setting changes)"
+            if BUILT_IN_TIME == "scaled"
+            else "LiteLLM's defaults (latency-based ttl 3600 s, usage-based-v2 ttl 60 s)"
+        )
+        + ". Requests: the answer's length is in the prompt (the mock decides it); "
+        "about half set `max_tokens` to it, a quarter set none, a quarter set 1024-4096. "
         f"`proxy: ...` rows (seed {seeds[0]}): the real `litellm` proxy process over HTTP; `proxy: ours` = "
         "`routing_strategy: simple-shuffle` plus `callbacks: [litellm_ratebalance.rate_balancer]`."
         + (
-            " Quick smoke run: the strategies of a scenario ran side by side (one mock cluster each), so the "
-            "figures are few and noisy."
-            if args.quick
-            else " Strategies ran one after another."
+            " The strategies of a scenario and seed ran one after another."
+            if args.sequential
+            else " The strategies of a scenario and seed ran side by side (at the same time, one mock cluster "
+            "process each, same request plan and timeline), so machine noise hits them alike."
         ),
+        "",
+        "Scenarios: "
+        + "; ".join(
+            f"`{name}`: {build_scenario(name, duration=duration, seed=seeds[0]).description}" for name in args.scenarios
+        )
+        + ".",
         "",
     ]
     if len(seeds) > 1:
-        lines += ["### Across seeds", "", *targets_across_seeds(args.scenarios, by_seed), ""]
+        lines += [
+            "### Targets over seeds",
+            "",
+            f"Every seed: ours >= {MIN_VS_LEAST_BUSY}x least-busy's mean effective rate; over the seeds: ours' "
+            "average >= the best built-in's average.",
+            "",
+            *seed_targets(args.scenarios, by_seed),
+            "",
+            "### Per seed: mean effective rate (tokens/s)",
+            "",
+            *per_seed_table(args.scenarios, by_seed),
+            "",
+            "### Across seeds",
+            "",
+            *targets_across_seeds(args.scenarios, by_seed),
+            "",
+        ]
         lines += across_seeds(args.scenarios, by_seed)
-    for seed, runs_by in by_seed.items():
+        traces = miss_traces(args.scenarios, by_seed, duration)
+        lines += ["### Seeds under 0.9x least-busy: traces", ""] + (traces or ["None.", ""])
+    for seed, runs_by in list(by_seed.items())[:1]:
         scenarios = [build_scenario(name, duration=duration, seed=seed) for name in args.scenarios]
         lines += [f"### Seed {seed}", ""]
         for scenario in scenarios:
@@ -682,6 +991,8 @@ async def main_async(args: argparse.Namespace) -> int:
             else:
                 lines += [f"#### {scenario.name}", "(no built-in strategy ran)", ""]
         lines += [f"#### Targets, seed {seed}", "", *target_lines(scenarios, runs_by), ""]
+    if len(seeds) > 1:
+        lines.append(f"(Full tables for seed {seeds[0]} only; the other seeds are in the tables above.)")
     report = "\n".join(lines)
     print("\n" + report)
     if args.write:
@@ -741,6 +1052,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=[*STRATEGIES, *EXTRA_STRATEGIES])
     parser.add_argument("--no-proxy", dest="proxy", action="store_false", help="skip the run through the proxy")
     parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="run the strategies of a scenario one after another on one mock cluster (default: side by side)",
+    )
+    parser.add_argument(
+        "--side-by-side",
+        type=int,
+        default=3,
+        metavar="N",
+        help="strategies run at once, each in its own process, in --strategies order (default 3)",
+    )
+    parser.add_argument(
+        "--builtin-time",
+        choices=("scaled", "default"),
+        default="scaled",
+        help="built-ins' time settings: scaled like ours (default) or LiteLLM's defaults",
+    )
+    parser.add_argument(
         "--ours",
         action="append",
         default=[],
@@ -767,6 +1096,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.results_name):
         parser.error(f"--results-name must be a plain file name (letters, digits, _ . -), got {args.results_name!r}")
     args.argv = list(argv)
+    global BUILT_IN_TIME
+    BUILT_IN_TIME = args.builtin_time
     for option, items, target in (("--ours", args.ours, OURS_SETTINGS), ("--router", args.router, ROUTER_SETTINGS)):
         for item in items:
             key, sep, value = item.partition("=")

@@ -1,5 +1,6 @@
 """Open-loop load driver and its measures: send a scenario's planned requests on time, record what each got.
 
+A request without ``max_tokens`` in its plan is sent without one (the server decides the answer's length).
 A *sender* turns one :class:`~litellm_ratebalance.simulate.scenarios.PlannedRequest` into a :class:`Reply`
 (it raises on failure); :func:`router_sender` sends through a ``litellm.Router``, :func:`proxy_sender` over
 HTTP to a LiteLLM proxy. :func:`run_load` fires every request at its planned offset from an epoch (bounded by
@@ -201,11 +202,12 @@ def router_sender(router: Any, model: str, *, timeout: float) -> Sender:
         kwargs: dict[str, Any] = {
             "model": model,
             "messages": request.messages(),
-            "max_tokens": request.max_tokens,
             "timeout": timeout,
             "metadata": {"bench_request_id": str(request.index)},
             "extra_headers": {REQUEST_ID_HEADER: str(request.index)},
         }
+        if request.max_tokens is not None:
+            kwargs["max_tokens"] = request.max_tokens
         if not request.stream:
             response = await router.acompletion(**kwargs)
             usage = response.usage
@@ -243,7 +245,9 @@ def proxy_sender(session: ClientSession, base_url: str, api_key: str, model: str
     client_timeout = ClientTimeout(total=timeout)
 
     async def send(request: PlannedRequest) -> Reply:
-        body: dict[str, Any] = {"model": model, "messages": request.messages(), "max_tokens": request.max_tokens}
+        body: dict[str, Any] = {"model": model, "messages": request.messages()}
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
         if request.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}

@@ -5,6 +5,10 @@ Each :class:`MockDeployment` is a small aiohttp server on its own ``127.0.0.1`` 
 ``stream_options.include_usage`` asks for one, as OpenAI does). What a request experiences follows the
 deployment's :class:`Behaviour` at the moment it arrives:
 
+- The answer's length: the ``[answer:N]`` tag in the prompt when there is one (the length the "model" would
+  write for this prompt), else ``max_tokens``, else ``default_max_tokens``; ``max_tokens`` caps it (finish reason
+  ``length``, else ``stop``). So a request without ``max_tokens``, or with one far above the answer, gets the
+  length the server decides, as from a real model.
 - ``base_latency`` seconds of fixed delay, then prefill at ``prefill_rate`` input tokens/s, then decoding at
   the *true token rate* (``token_rate``, optionally a sine wave around it) times a per-request lognormal
   ``jitter`` factor. Up to ``capacity`` requests run at full speed; beyond that they share the capacity
@@ -36,6 +40,7 @@ import json
 import math
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -48,8 +53,6 @@ from typing import Any, Literal
 
 from aiohttp import ClientSession, ClientTimeout, web
 
-from litellm_ratebalance.proxy.tokens import message_text_chars
-
 __all__ = [
     "Behaviour",
     "Change",
@@ -58,7 +61,10 @@ __all__ = [
     "MockClusterProcess",
     "MockDeployment",
     "ServedRequest",
+    "answer_length",
+    "answer_tag",
     "behaviour_at",
+    "tagged_answer_tokens",
 ]
 
 _CHARS_PER_TOKEN = 4
@@ -105,12 +111,12 @@ class Behaviour:
     """Probability that a request hangs ``stall_seconds`` before prefill (1.0 = the deployment is stalled)."""
     stall_seconds: float = 30.0
     tpm: int | None = None
-    """Token budget (prompt + max_tokens charged at arrival) per ``limit_window``; None = unlimited."""
+    """Token budget (prompt + the answer's tokens, charged at arrival) per ``limit_window``; None = unlimited."""
     rpm: int | None = None
     """Request budget per ``limit_window``; None = unlimited."""
     limit_window: float = 60.0
     default_max_tokens: int = 64
-    """Output tokens when a request gives no ``max_tokens``."""
+    """Output tokens when a request gives neither an ``[answer:N]`` tag nor ``max_tokens``."""
 
     def __post_init__(self) -> None:
         positive = {"token_rate": self.token_rate, "prefill_rate": self.prefill_rate, "wave_period": self.wave_period}
@@ -266,9 +272,62 @@ class UsageWindow:
         self._tokens = 0
 
 
+_ANSWER_TAG = re.compile(r"\[answer:(\d{1,6})\]")
+
+
+def answer_tag(answer_tokens: int) -> str:
+    """The prompt tag that makes the mock answer ``answer_tokens`` tokens (unless ``max_tokens`` is lower)."""
+    return f"[answer:{answer_tokens}]"
+
+
+def tagged_answer_tokens(messages: Any) -> int | None:
+    """The ``[answer:N]`` length asked for by the first message text that has the tag, else None."""
+    if not isinstance(messages, list):
+        return None
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        texts: list[Any] = [content] if isinstance(content, str) else []
+        if isinstance(content, list):
+            texts = [part.get("text") for part in content if isinstance(part, Mapping)]
+        for text in texts:
+            match = _ANSWER_TAG.search(text) if isinstance(text, str) else None
+            if match:
+                return max(1, int(match.group(1)))
+    return None
+
+
+def answer_length(messages: Any, max_tokens: Any, default: int) -> tuple[int, bool]:
+    """(output tokens, whether ``max_tokens`` cut the answer): the tagged answer, else ``max_tokens``, else
+    ``default``; capped by ``max_tokens`` when the request gives one."""
+    cap = int(max_tokens) if isinstance(max_tokens, (int, float)) and max_tokens > 0 else None
+    natural = tagged_answer_tokens(messages)
+    if natural is None:
+        natural = cap if cap is not None else default
+    if cap is not None and cap <= natural:
+        return max(1, cap), True
+    return max(1, natural), False
+
+
+def _text_chars(messages: Any) -> int:
+    """Characters of the text in chat ``messages`` (string contents and ``text`` parts). The mock counts on its
+    own, importing nothing from the package: its child process must start whatever state the package is in."""
+    chars = 0
+    if isinstance(messages, list):
+        for message in messages:
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    text = part.get("text") if isinstance(part, Mapping) else None
+                    if isinstance(text, str):
+                        chars += len(text)
+    return chars
+
+
 def estimate_prompt_tokens(messages: Any) -> int:
     """Prompt tokens the mock reports: characters of every text content / 4, rounded up, at least 1."""
-    return max(1, math.ceil(message_text_chars(messages) / _CHARS_PER_TOKEN))
+    return max(1, math.ceil(_text_chars(messages) / _CHARS_PER_TOKEN))
 
 
 class MockDeployment:
@@ -432,8 +491,8 @@ class MockDeployment:
         # Always three draws per request, whatever its fate, so one request's outcome never shifts the next one's.
         error_draw, stall_draw, speed_draw = self._rng.random(), self._rng.random(), self._rng.gauss(0.0, 1.0)
         prompt_tokens = estimate_prompt_tokens(body["messages"])
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or behaviour.default_max_tokens
-        completion_tokens = max(1, int(max_tokens))
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        completion_tokens, cut = answer_length(body["messages"], max_tokens, behaviour.default_max_tokens)
         stream = bool(body.get("stream"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         model = str(body.get("model", "mock"))
@@ -473,6 +532,7 @@ class MockDeployment:
                 speed,
                 prompt_tokens,
                 completion_tokens,
+                "length" if cut else "stop",
                 stream,
                 include_usage,
                 model,
@@ -492,6 +552,7 @@ class MockDeployment:
         speed: float,
         prompt_tokens: int,
         completion_tokens: int,
+        finish: str,
         stream: bool,
         include_usage: bool,
         model: str,
@@ -528,7 +589,6 @@ class MockDeployment:
                     delta = {"content": " tok" * (now_tokens - sent)}
                     await self._send(stream_response, self._chunk(response_id, created, model, delta))
                 sent = now_tokens
-            finish = "length"
             usage = {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,

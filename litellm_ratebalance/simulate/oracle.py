@@ -17,7 +17,13 @@ from typing import Any
 
 from litellm.types.router import CustomRoutingStrategyBase
 
-from litellm_ratebalance.simulate.mock_openai import Behaviour, DeploymentSpec, UsageWindow, estimate_prompt_tokens
+from litellm_ratebalance.simulate.mock_openai import (
+    Behaviour,
+    DeploymentSpec,
+    UsageWindow,
+    answer_length,
+    estimate_prompt_tokens,
+)
 
 __all__ = ["OracleRouting", "expected_effective_rate"]
 
@@ -121,7 +127,8 @@ class OracleRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         kwargs = request_kwargs or {}
         deployments = [d for d in self._router.model_list if d.get("model_name") == model]
         prompt_tokens = estimate_prompt_tokens(messages)
-        output_tokens = int(kwargs.get("max_tokens") or 64)
+        # The oracle knows the answer's true length (the prompt's tag, as the mock reads it).
+        output_tokens, _ = answer_length(messages, kwargs.get("max_tokens"), 64)
         chosen = self.choose(deployments, prompt_tokens, output_tokens)
         name = chosen["model_info"][MOCK_NAME_KEY]
         self._in_flight[name] += 1

@@ -5,7 +5,12 @@ run) or long; timeline events sit at fixed fractions of it. A scenario's :meth:`
 request sequence (arrival offsets, prompt sizes, output lengths, streaming or not) drawn from its seed, so
 every routing strategy compared on it meets the same requests and the same deployment behaviour.
 
-The four scenarios of the routing benchmark:
+Every request's prompt carries the length of its answer (an ``[answer:N]`` tag the mock reads, the way a real
+model's answer length follows from the prompt). How requests ask for it is mixed, as users send traffic:
+``exact`` requests set ``max_tokens`` to the answer's length, ``uncapped`` ones set no ``max_tokens``, ``loose``
+ones set a ``max_tokens`` far above the answer (1024-4096). A router never sees the answer's length ahead.
+
+The scenarios of the routing benchmark:
 
 - ``stable-heterogeneous``: four deployments with fixed, very different rates and ample capacity.
 - ``drift``: the same four, whose rates swap (fastest <-> slowest, second <-> third) at 40 % of the run.
@@ -23,7 +28,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from litellm_ratebalance.simulate.mock_openai import Behaviour, Change, DeploymentSpec
+from litellm_ratebalance.simulate.mock_openai import Behaviour, Change, DeploymentSpec, answer_tag
 
 __all__ = ["SCENARIOS", "PlannedRequest", "Scenario", "Workload", "build_scenario"]
 
@@ -39,7 +44,13 @@ class Workload:
     prompt_tokens: tuple[int, int] = (100, 1500)
     """Uniform range of prompt sizes (tokens, as the mock counts them)."""
     max_tokens: tuple[int, int] = (24, 96)
-    """Uniform range of ``max_tokens`` (the mock always generates exactly that many)."""
+    """Uniform range of the answers' lengths (output tokens; ``max_tokens`` of ``exact`` requests)."""
+    log_uniform_sizes: bool = False
+    """Draw prompt sizes and answer lengths log-uniformly in their ranges (many small, a few very large)."""
+    uncapped_fraction: float = 0.25
+    """Share of requests sent without ``max_tokens`` (the mock decides the length: the prompt's tag)."""
+    loose_fraction: float = 0.25
+    """Share of requests whose ``max_tokens`` (1024-4096) is far above the answer; the rest are ``exact``."""
     stream_fraction: float = 0.25
     """Share of requests sent with ``stream=True``."""
     timeout: float = 5.0
@@ -54,14 +65,34 @@ class PlannedRequest:
     at: float
     """Seconds after the run's epoch at which it is sent."""
     prompt_tokens: int
-    max_tokens: int
+    max_tokens: int | None
+    """What the request sends (None: no ``max_tokens``)."""
     stream: bool
+    answer_tokens: int = 0
+    """Length of the answer the mock writes for this prompt (0: ``max_tokens``, the old plans' meaning)."""
+
+    @property
+    def kind(self) -> str:
+        """``exact`` (max_tokens = the answer), ``uncapped`` (no max_tokens) or ``loose`` (far above)."""
+        if self.max_tokens is None:
+            return "uncapped"
+        return "exact" if self.max_tokens <= max(self.answer_tokens, 1) else "loose"
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens the mock will write (the answer, capped by ``max_tokens``)."""
+        if self.answer_tokens <= 0:
+            return self.max_tokens or 64
+        return min(self.answer_tokens, self.max_tokens) if self.max_tokens else self.answer_tokens
 
     def messages(self) -> list[dict[str, str]]:
-        """Chat messages the mock counts as exactly ``prompt_tokens`` tokens (4 characters per token)."""
+        """Chat messages the mock counts as exactly ``prompt_tokens`` tokens (4 characters per token), starting
+        with the ``[answer:N]`` tag that tells the mock the answer's length."""
         words = "lorem ipsum dolor sit amet consectetur adipiscing elit "
         chars = self.prompt_tokens * 4
-        text = (words * (chars // len(words) + 1))[:chars]
+        head = answer_tag(self.answer_tokens) + " " if self.answer_tokens > 0 else ""
+        body = words * (chars // len(words) + 1)
+        text = (head + body)[:chars] if len(head) < chars else head
         return [{"role": "user", "content": text}]
 
 
@@ -84,13 +115,23 @@ class Scenario:
         requests: list[PlannedRequest] = []
         at = rng.expovariate(workload.arrival_rate)
         while at < workload.duration:
+            prompt_tokens = _draw(rng, workload.prompt_tokens, workload.log_uniform_sizes)
+            answer = _draw(rng, workload.max_tokens, workload.log_uniform_sizes)
+            kind_draw = rng.random()
+            loose = rng.choice((1024, 2048, 4096))
+            max_tokens: int | None = answer
+            if kind_draw < workload.uncapped_fraction:
+                max_tokens = None
+            elif kind_draw < workload.uncapped_fraction + workload.loose_fraction:
+                max_tokens = max(loose, 8 * answer)
             requests.append(
                 PlannedRequest(
                     index=len(requests),
                     at=at,
-                    prompt_tokens=rng.randint(*workload.prompt_tokens),
-                    max_tokens=rng.randint(*workload.max_tokens),
+                    prompt_tokens=prompt_tokens,
+                    max_tokens=max_tokens,
                     stream=rng.random() < workload.stream_fraction,
+                    answer_tokens=answer,
                 )
             )
             at += rng.expovariate(workload.arrival_rate)
@@ -101,6 +142,14 @@ class Scenario:
             if spec.name == name:
                 return spec
         raise KeyError(name)
+
+
+def _draw(rng: random.Random, bounds: tuple[int, int], log_uniform: bool) -> int:
+    """A whole number in ``bounds`` (inclusive), uniform or log-uniform."""
+    low, high = bounds
+    if not log_uniform or low <= 0 or low == high:
+        return rng.randint(low, high)
+    return max(low, min(high, int(math.exp(rng.uniform(math.log(low), math.log(high + 1))))))
 
 
 def _specs(
@@ -211,11 +260,66 @@ def flaky(duration: float = 9.0, seed: int = 1) -> Scenario:
     )
 
 
+def mixed_slots(duration: float = 9.0, seed: int = 1) -> Scenario:
+    behaviours = {
+        "a": Behaviour(token_rate=180.0, base_latency=0.10, capacity=3, jitter=0.15),
+        "b": Behaviour(token_rate=120.0, base_latency=0.10, capacity=6, jitter=0.15),
+        "c": Behaviour(token_rate=70.0, base_latency=0.15, capacity=16, jitter=0.15),
+        "d": Behaviour(token_rate=45.0, base_latency=0.10, capacity=32, jitter=0.15),
+    }
+    workload = Workload(
+        arrival_rate=9.0,
+        duration=duration,
+        prompt_tokens=(50, 6000),
+        max_tokens=(8, 400),
+        log_uniform_sizes=True,
+        timeout=12.0,
+    )
+    return Scenario(
+        name="mixed-slots",
+        description=(
+            "a/b/c/d 180/120/70/45 tok/s with 3/6/16/32 slots (shared beyond); prompts 50-6000 and answers 8-400 "
+            "tokens, log-uniform; 9 req/s, timeout 12 s"
+        ),
+        deployments=_specs(seed, behaviours),
+        workload=workload,
+        seed=seed,
+    )
+
+
+def degrading(duration: float = 9.0, seed: int = 1) -> Scenario:
+    start, end, steps = 0.15 * duration, 0.85 * duration, 28
+    first, last = 160.0, 35.0
+    timeline = tuple(
+        Change(start + (end - start) * i / steps, {"token_rate": round(first + (last - first) * i / steps, 1)})
+        for i in range(1, steps + 1)
+    )
+    behaviours = {
+        "a": Behaviour(token_rate=first, base_latency=0.10, capacity=12, jitter=0.2),
+        "b": Behaviour(token_rate=110.0, base_latency=0.10, capacity=12, jitter=0.2),
+        "c": Behaviour(token_rate=80.0, base_latency=0.15, capacity=12, jitter=0.2),
+        "d": Behaviour(token_rate=55.0, base_latency=0.10, capacity=12, jitter=0.2),
+    }
+    return Scenario(
+        name="degrading",
+        description=(
+            f"a slows down in {steps} steps from {first:.0f} to {last:.0f} tok/s between t={start:.1f}s and "
+            f"t={end:.1f}s, never failing; b/c/d steady at 110/80/55 tok/s; capacity 12 each; 10 req/s"
+        ),
+        deployments=_specs(seed, behaviours, {"a": timeline}),
+        workload=Workload(arrival_rate=10.0, duration=duration),
+        seed=seed,
+        events=((start, "a starts slowing"), (end, "a at its slowest")),
+    )
+
+
 SCENARIOS: dict[str, Callable[..., Scenario]] = {
     "stable-heterogeneous": stable_heterogeneous,
     "drift": drift,
     "contended": contended,
     "flaky": flaky,
+    "mixed-slots": mixed_slots,
+    "degrading": degrading,
 }
 """Scenario builders by name; each takes ``duration`` and ``seed``."""
 

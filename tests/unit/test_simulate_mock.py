@@ -206,3 +206,28 @@ async def test_a_body_without_messages_is_a_400() -> None:
         broken = await client.post(cluster.api_bases["a"] + "/chat/completions", content=b"{not json", timeout=5)
     assert response.status_code == 400 and broken.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_answer_length_follows_the_prompt_tag_capped_by_max_tokens() -> None:
+    tagged = [{"role": "user", "content": "[answer:30] " + "x" * 40}]
+    async with MockCluster([DeploymentSpec("a", FAST)]) as cluster, httpx.AsyncClient() as client:
+        base = cluster.api_bases["a"]
+        uncapped = (await _post(client, base, {"model": "m", "messages": tagged})).json()
+        loose = (await _post(client, base, {"model": "m", "messages": tagged, "max_tokens": 4096})).json()
+        cut = (await _post(client, base, {"model": "m", "messages": tagged, "max_tokens": 12})).json()
+        untagged = (await _post(client, base, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})).json()
+    assert uncapped["usage"]["completion_tokens"] == 30 and uncapped["choices"][0]["finish_reason"] == "stop"
+    assert loose["usage"]["completion_tokens"] == 30 and loose["choices"][0]["finish_reason"] == "stop"
+    assert cut["usage"]["completion_tokens"] == 12 and cut["choices"][0]["finish_reason"] == "length"
+    assert untagged["usage"]["completion_tokens"] == FAST.default_max_tokens
+
+
+def test_answer_length_reads_text_parts_and_ignores_bad_max_tokens() -> None:
+    from litellm_ratebalance.simulate.mock_openai import answer_length, answer_tag, tagged_answer_tokens
+
+    parts = [{"role": "user", "content": [{"type": "text", "text": answer_tag(7) + " hello"}]}]
+    assert tagged_answer_tokens(parts) == 7
+    assert tagged_answer_tokens("not a list") is None
+    assert answer_length(parts, None, 64) == (7, False)
+    assert answer_length(parts, 7, 64) == (7, True)
+    assert answer_length([{"role": "user", "content": "hi"}], "x", 64) == (64, False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import httpx
@@ -138,3 +139,38 @@ async def test_cluster_in_a_child_process_serves_resets_and_updates() -> None:
         assert (await client.post(url, json=body)).status_code == 200
         with pytest.raises(ValueError, match="unknown Behaviour fields"):
             await cluster.update("a", bogus=True)
+
+
+def test_plans_mix_exact_uncapped_and_loose_requests() -> None:
+    from litellm_ratebalance.simulate.mock_openai import answer_length
+
+    for name in SCENARIOS:
+        plan = build_scenario(name, duration=30.0, seed=3).plan()
+        kinds = {kind: [r for r in plan if r.kind == kind] for kind in ("exact", "uncapped", "loose")}
+        assert all(kinds.values()), name
+        assert all(r.max_tokens is None for r in kinds["uncapped"])
+        assert all(r.max_tokens is not None and r.max_tokens >= 1024 for r in kinds["loose"])
+        assert all(r.max_tokens == r.answer_tokens for r in kinds["exact"])
+        # the mock writes the planned answer, whatever max_tokens says
+        assert all(answer_length(r.messages(), r.max_tokens, 64)[0] == r.output_tokens == r.answer_tokens for r in plan)
+
+
+def test_mixed_slots_has_few_slots_on_the_fastest_and_very_mixed_sizes() -> None:
+    scenario = build_scenario("mixed-slots", duration=30.0, seed=2)
+    capacities = [s.behaviour.capacity for s in scenario.deployments]
+    rates = [s.behaviour.token_rate for s in scenario.deployments]
+    assert capacities == sorted(capacities) and rates == sorted(rates, reverse=True)
+    answers = sorted(r.answer_tokens for r in scenario.plan())
+    assert answers[len(answers) // 2] < 100 < answers[-1]  # log-uniform: mostly short, some long
+    assert scenario.workload.timeout > 400 / min(rates)  # the longest answer fits even on the slowest
+
+
+def test_degrading_slows_one_deployment_step_by_step_without_failing() -> None:
+    scenario = build_scenario("degrading", duration=20.0)
+    a = scenario.spec("a")
+    rates = [a.behaviour_at(t / 2).token_rate for t in range(41)]
+    assert rates[0] == 160.0 and rates[-1] == 35.0
+    assert all(later <= earlier for earlier, later in itertools.pairwise(rates))
+    assert all(b == 0 for b in (a.behaviour_at(t).error_rate + a.behaviour_at(t).stall_rate for t in range(20)))
+    others = [s.behaviour_at(19.0).token_rate for s in scenario.deployments if s.name != "a"]
+    assert rates[0] > max(others) > rates[-1]
