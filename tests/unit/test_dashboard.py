@@ -106,6 +106,8 @@ def test_source_scan_finds_the_known_definitions() -> None:
     assert series["litellm_ratebalance_store_errors_total"] == {"component", "mode"}
     # Defined through module constants (name and label tuple), not literals in the call.
     assert series["litellm_ratebalance_routing_choices_total"] == {"model_group", "deployment"}
+    assert series["litellm_ratebalance_gpu_seconds_total"] == {"deployment", "priority", "team", "feature"}
+    assert series["litellm_ratebalance_cost_usd_total"] == {"priority", "team", "feature", "source"}
 
 
 def _used() -> list[tuple[str, str, str, set[str]]]:
@@ -171,6 +173,8 @@ def test_dashboard_shape() -> None:
         "Concurrency limit vs in flight",
         "Store errors",
         "Hook latency p50 / p99",
+        "Cost by team",
+        "Reserved vs actual tokens",
     ):
         assert any(title.startswith(needed) for title in titles), needed
     assert all(t.count("[$__rate_interval]") == t.count("rate(") for _, t in queries()), "rate windows"
