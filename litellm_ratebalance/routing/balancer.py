@@ -126,7 +126,7 @@ class RateBalancer:
             small = True
             if work is not None and sized:
                 small, view.typical_work = selection.small_request(view.typical_work, work)
-            probe = changes.probe(view, s, candidates, now) if small else None
+            probe = changes.probe(view, s, candidates, now) if small and s.remeasure else None
             if probe is not None:
                 index = probe
             elif self._least_loaded:

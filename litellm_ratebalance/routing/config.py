@@ -1,5 +1,10 @@
 """Settings of the routing part (``litellm_settings.ratebalance.routing``).
 
+``preset: proposal`` (:data:`PRESETS`) sets every addition to the proposal's algorithm off in one line:
+the proposal's sliding window, pooled SLA percentile, normal fit and independent weighted draw. The keys
+the preset sets cannot be given beside it; the proposal's own knobs (``window_seconds``, ``greediness``,
+``input_to_output_ratio``) and the sync's (``refresh_interval``, ``bucket_seconds``) can.
+
 Three settings also come from the proposal's environment variables when the config does not set them
 (the config wins): ``RB_LLM_CLIENT_SLIDING_WINDOW_SIZE`` (``window_seconds``),
 ``RB_LLM_CLIENT_INPUT_TO_OUTPUT_TOKEN_RATIO`` (``input_to_output_ratio``) and
@@ -17,7 +22,7 @@ from pydantic import Field, model_validator
 
 from litellm_ratebalance._config_base import SettingsModel
 
-__all__ = ["ENVIRONMENT_VARIABLES", "RoutingSettings"]
+__all__ = ["ENVIRONMENT_VARIABLES", "PRESETS", "RoutingSettings"]
 
 Ratio = Annotated[float, Field(gt=0.0, le=1e9)]
 
@@ -28,6 +33,28 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
 }
 """Setting name -> the proposal's environment variable read when the config leaves the setting out."""
 
+PRESETS: dict[str, dict[str, Any]] = {
+    "proposal": {
+        "estimator": "normal",
+        "prior_samples": 0.0,
+        "exploration_share": 0.0,
+        "failure_penalty": 0.0,
+        "rate_limit_headroom": 0.0,
+        "stall_latency_factor": 0.0,
+        "sample_half_life_seconds": 0.0,
+        "in_flight_evidence": False,
+        "end_pick_on_answer": False,
+        "load_aware": False,
+        "change_detection_sigma": 0.0,
+        "adaptive_window": False,
+        "selection": "random",
+        "remeasure": False,
+    },
+}
+"""Preset name -> the settings it fixes. ``proposal``: the proposal's algorithm with none of our additions
+(no exploration, failure penalty, rate-limit scaling, stall or overdue evidence, load fit, change detection,
+recency weighting or re-measuring; an independent weighted draw per decision)."""
+
 _MAX_BUCKETS = 1200
 _WINDOW_LIMIT = 86_400
 
@@ -35,6 +62,9 @@ _WINDOW_LIMIT = 86_400
 class RoutingSettings(SettingsModel):
     """How the rate balancer measures deployments and turns the measurements into choice weights."""
 
+    preset: Literal["proposal"] | None = None
+    """A named set of the settings below (:data:`PRESETS`): ``proposal``, the proposal's pure algorithm. The
+    settings it fixes may not be given beside it."""
     window_seconds: Annotated[int, Field(ge=0, le=_WINDOW_LIMIT)] = 120
     """Sliding window of samples. 0: no statistics at all, every choice is uniform (unordered round robin)."""
     bucket_seconds: Annotated[int, Field(ge=1, le=3600)] | None = None
@@ -117,6 +147,11 @@ class RoutingSettings(SettingsModel):
     """Use, per deployment, only its newest buckets that hold ``adaptive_min_samples`` samples (at most
     ``window_seconds``): busy deployments are judged on recent samples, quiet ones keep their history."""
     adaptive_min_samples: Annotated[int, Field(ge=2, le=1_000_000)] = 30
+    remeasure: bool = True
+    """Send single re-measuring requests: one to every deployment after another one's change was detected,
+    one per window to a deployment known from a single answer, one per ``failure_half_life_seconds`` to a
+    deployment whose recent attempts mostly failed (only requests of at most the typical size go). False:
+    only exploration measures such deployments again (the proposal)."""
     selection: Literal["random", "smooth", "least_loaded"] = "least_loaded"
     """How a pick follows the shares. ``random``: an independent weighted draw per decision (the proposal).
     ``smooth``: smooth weighted round robin per model group and replica (each candidate gains its share at
@@ -138,7 +173,7 @@ class RoutingSettings(SettingsModel):
     def _environment_fallbacks(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        merged = dict(data)
+        merged = _with_preset(data)
         for name, variable in ENVIRONMENT_VARIABLES.items():
             raw = os.environ.get(variable)
             if name in merged or raw is None or not raw.strip():
@@ -196,6 +231,22 @@ class RoutingSettings(SettingsModel):
         if deployment_ratio is not None and deployment_ratio > 0:
             return deployment_ratio
         return self.input_to_output_ratio_by_model_group.get(model_group, self.input_to_output_ratio)
+
+
+def _with_preset(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the settings of its ``preset`` filled in; a setting the preset fixes, given beside it, is
+    an error (an unknown preset name is left to the field's own check)."""
+    name = data.get("preset")
+    fixed = PRESETS.get(name) if isinstance(name, str) else None
+    if fixed is None:
+        return dict(data)
+    clashes = sorted(key for key in data if key in fixed)
+    if clashes:
+        raise ValueError(
+            f"preset {name!r} sets {', '.join(clashes)}: leave {'it' if len(clashes) == 1 else 'them'} "
+            "out, or drop the preset and set every setting yourself"
+        )
+    return {**fixed, **data}
 
 
 def _from_environment(name: str, variable: str, raw: str) -> float | int:
