@@ -74,6 +74,7 @@ from litellm_ratebalance.proxy.backpressure_maintain import maintain_once as _ma
 from litellm_ratebalance.proxy.backpressure_metrics import hook_latency
 from litellm_ratebalance.proxy.backpressure_refusals import is_ours, queue_full, quiet_refusal_logs, refusal
 from litellm_ratebalance.proxy.backpressure_requests import learn, profile_of
+from litellm_ratebalance.proxy.cost import cost_meter
 from litellm_ratebalance.proxy.runtime import get_runtime, schedule_startup_check
 
 __all__ = ["BackpressureCallback", "backpressure", "startup_model_info_problems"]
@@ -297,6 +298,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         state = ctx.deployments.get(lease.deployment_id)
         if state is not None:
             learn(ctx, state, lease, response_obj, end_time, failed, exception)
+        cost_meter().lease_usage(lease.lease_id, response_obj)  # cost: the tokens of the request
         await release(ctx, lease)
 
     # -- headers --------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from litellm_ratebalance.overload.shedding import Verdict, store_refusal
 from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState, Lease, Profile, Waiter
 from litellm_ratebalance.proxy.backpressure_metrics import observe_queue_wait, set_gauges
 from litellm_ratebalance.proxy.backpressure_refusals import MARK, queue_full, queue_timeout, refusal
+from litellm_ratebalance.proxy.cost import cost_meter
 from litellm_ratebalance.proxy.runtime import get_runtime
 from litellm_ratebalance.store.concurrency import LeaseRefusal
 
@@ -106,6 +107,7 @@ async def _try_lease(
         lease = Lease(lease_id, state.deployment_id, call_id, profile, cost, time.time(), ctx.clock())
         ctx.hold(state, lease)
         gauges(ctx, state)
+        await cost_meter().lease_started(state.deployment_id, lease_id)  # cost: the request's start mark
         return lease
     fresh = ctx.decide(state, profile, queued=True)
     if not fresh.admitted:
@@ -221,6 +223,8 @@ async def release(ctx: Context, lease: Lease) -> None:
         state.counts(state.inflight - 1, state.reserved_tokens - lease.cost, state.counted_at)
     state.wake.set()
     gauges(ctx, state)
+    # cost: the end mark, after the release (the count from now on excludes this request)
+    await cost_meter().lease_ended(lease.deployment_id, lease.lease_id, lease.attempt, lease.cost)
 
 
 def release_if_cancelled(ctx: Context, lease: Lease) -> None:
