@@ -17,11 +17,14 @@ Same samples in both, a window with few samples and one with very many. Printed 
 * ``ours cache miss``: the first decision for a candidate set after a sync (shares computed once);
 * ``ours sync``: one refresh of the local view (embedded store; with Redis add one round trip), which
   happens at most once per refresh interval and model group, not per request;
-* ``reference``: the proposal's algorithm (tests/unit/routing_reference.py) deciding from the samples.
+* ``reference``: the proposal's algorithm (tests/unit/routing_reference.py) deciding from the samples;
+* ``litellm <strategy>``: LiteLLM's own decision with each built-in strategy,
+  ``Router.async_get_available_deployment`` over the same 8 deployments (no call made), side by side.
 
-Target: a decision <= 50 us whatever the number of samples. Run: ``python bench/bench_routing_decision.py``
-(or ``make bench BENCH_ARGS=routing_decision``); ``make bench-compiled`` runs it on the mypyc-compiled routing
-core (the first line of the output says which build ran).
+Targets: compiled, a decision <= 50 us whatever the number of samples; pure Python, a decision at most 0.1x
+of LiteLLM's built-in strategies' own decision time (the ratio is printed per strategy). Run: ``python
+bench/bench_routing_decision.py`` (or ``make bench BENCH_ARGS=routing_decision``); ``make bench-compiled`` runs
+it on the mypyc-compiled routing core (the first line of the output says which build ran).
 """
 
 from __future__ import annotations
@@ -129,6 +132,26 @@ def routing_build() -> str:
     """Which build of the routing core this process runs (:func:`core_build`): the mypyc-compiled modules
     (``make compiled``, setup.py) or the Python sources."""
     return "compiled (mypyc)" if core_build() == "compiled" else "pure Python"
+
+
+BUILTIN_STRATEGIES = ("simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2")
+PURE_PYTHON_RATIO = 0.1
+"""Pure Python target: ours' worst request-path decision at most this fraction of a built-in's decision."""
+
+
+async def builtin_us(strategy: str, deployments: list[dict[str, Any]]) -> float:
+    """LiteLLM's own routing decision with ``strategy``: ``Router.async_get_available_deployment`` for a request
+    like the hook rows' (the Router's health, cooldown and strategy work; nothing is sent)."""
+    from litellm.router import Router
+
+    model_list = [{**d, "litellm_params": {**d["litellm_params"], "api_key": "sk-bench"}} for d in deployments]
+    router = Router(model_list=model_list, routing_strategy=strategy)  # type: ignore[arg-type]
+
+    async def decide() -> object:
+        return await router.async_get_available_deployment(model="g", messages=MESSAGES, request_kwargs=REQUEST_KWARGS)
+
+    await decide()  # warm-up: the first decision fills LiteLLM's caches
+    return await per_await_us(decide, min_calls=50)
 
 
 async def build(samples_per_deployment: int) -> tuple[RateBalancer, ReferenceBalancer, list[float]]:
@@ -241,11 +264,22 @@ async def main() -> int:
     for path, total, us, ref in rows:
         ratio = f"{ref / us:,.0f}x" if ref is not None else ""
         print(f"{path:56} {total:>18,} {us:>12,.1f} {ratio:>10}")
+    builtins = [(strategy, await builtin_us(strategy, deployments)) for strategy in BUILTIN_STRATEGIES]
+    print(f"\nLiteLLM's own decision at {DEPLOYMENTS} deployments (Router.async_get_available_deployment)")
+    print(f"{'strategy':56} {'us/decision':>12} {'ours worst / it':>16}")
+    for strategy, us in builtins:
+        print(f"{'litellm ' + strategy:56} {us:>12,.1f} {worst_ours / us:>15.2f}x")
     verdict = "meets" if worst_ours <= TARGET_US else "MISSES"
     print(
         f"\nworst request-path decision (any row above but cache miss and sync): {worst_ours:.1f} us -> {verdict} "
         f"<= {TARGET_US:.0f} us"
     )
+    if core_build() == "python":
+        met = [strategy for strategy, us in builtins if worst_ours <= PURE_PYTHON_RATIO * us]
+        print(
+            f"pure Python: worst request-path decision <= {PURE_PYTHON_RATIO}x of the built-in's decision for "
+            f"{len(met)} of {len(builtins)} strategies ({', '.join(met) or 'none'})"
+        )
     return 0
 
 

@@ -101,7 +101,7 @@ class RoutingSettings(SettingsModel):
     zero-rate samples in the window either way. At 1 the weight is the chance of beating the SLA times the
     recent success share: a deployment that fails every request drops to nothing within seconds, one that
     fails a quarter of them fast keeps three quarters of its weight (higher values cost it more than its
-    failures cost the traffic sent there; see docs/routing.md). Four failures in a row at a replica, with no
+    failures cost the traffic sent there, in the routing benchmark). Four failures in a row at a replica, with no
     successful answer between, take the deployment out there until it answers again (not at 0)."""
     rate_limit_headroom: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
     """Below this fraction of a rate limit left (provider headers, or configured tpm/rpm against the last

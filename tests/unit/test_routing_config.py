@@ -101,3 +101,11 @@ def test_round_robin_edges_and_ratio_resolution() -> None:
     assert s.ratio_for("g") == 50 and s.ratio_for("h") == 200 and s.ratio_for("g", 10.0) == 10.0
     with pytest.raises(ConfigurationError, match="input_to_output_ratio_by_model_group"):
         routing(input_to_output_ratio_by_model_group={"g": 0})
+
+
+def test_the_user_docs_list_every_setting() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "routing.md").read_text()
+    missing = [key for key in RoutingSettings.model_fields if f"| `{key}` |" not in text]
+    assert not missing, f"docs/routing.md's settings table lacks {missing}"
