@@ -27,6 +27,7 @@ CALLBACKS = {
     "litellm_ratebalance.traffic_contracts",
     "litellm_ratebalance.backpressure",
     "litellm_ratebalance.rate_balancer",
+    "litellm_ratebalance.cost",
 }
 
 
