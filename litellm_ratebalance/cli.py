@@ -25,10 +25,13 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from litellm_ratebalance.errors import ConfigurationError, StoreError, redact
+
+if TYPE_CHECKING:
+    from litellm_ratebalance.settings import Settings
 
 __all__ = ["main"]
 
@@ -59,20 +62,43 @@ def load_config_settings(path: Path, config: dict[str, Any] | None = None) -> di
     return litellm_settings
 
 
-def model_list_problems(config: dict[str, Any]) -> list[str]:
-    """The rate balancer's per-deployment problems in a loaded config's ``model_list`` (``model_info.slots``,
-    ``model_info.input_to_output_ratio``), as the proxy's start-up check reports them; none when the config
-    does not load ``litellm_ratebalance.rate_balancer``."""
-    settings = config.get("litellm_settings")
-    callbacks = settings.get("callbacks") if isinstance(settings, dict) else None
-    if not isinstance(callbacks, list) or "litellm_ratebalance.rate_balancer" not in callbacks:
-        return []
+def model_list_problems(config: dict[str, Any], settings: Settings | None = None) -> list[str]:
+    """Per-deployment problems in a loaded config's ``model_list``, as the proxy's start-up check reports
+    them: the rate balancer's ``model_info.slots`` / ``model_info.input_to_output_ratio`` when the config
+    loads ``litellm_ratebalance.rate_balancer``, and ``model_info.backpressure`` blocks (with the
+    ``backpressure.deployments`` overrides of ``settings``) when it loads ``litellm_ratebalance.backpressure``."""
+    litellm_settings = config.get("litellm_settings")
+    callbacks = litellm_settings.get("callbacks") if isinstance(litellm_settings, dict) else None
     model_list = config.get("model_list")
-    if not isinstance(model_list, list):
+    if not isinstance(callbacks, list) or not isinstance(model_list, list):
         return []
-    from litellm_ratebalance.routing.model_info import model_info_problems
+    deployments = [d for d in model_list if isinstance(d, dict)]
+    problems: list[str] = []
+    if "litellm_ratebalance.rate_balancer" in callbacks:
+        from litellm_ratebalance.routing.model_info import model_info_problems
 
-    return model_info_problems([d for d in model_list if isinstance(d, dict)], consequence=False)
+        problems += model_info_problems(deployments, consequence=False)
+    if "litellm_ratebalance.backpressure" in callbacks and settings is not None:
+        problems += _backpressure_problems(deployments, settings)
+    return problems
+
+
+def _backpressure_problems(deployments: list[dict[str, Any]], settings: Settings) -> list[str]:
+    backpressure = settings.ratebalance.backpressure
+    problems: list[str] = []
+    for index, deployment in enumerate(deployments):
+        info = deployment.get("model_info")
+        info = info if isinstance(info, dict) else {}
+        model_name = deployment.get("model_name") or ""
+        # Without an id in the file the Router makes one up at start-up: name the entry by its position.
+        deployment_id = str(info["id"]) if info.get("id") is not None else f"model_list[{index}]"
+        try:
+            backpressure.for_deployment(deployment_id, info)
+        except ConfigurationError as exc:
+            where = f"deployment {deployment_id} (model_name {model_name})"
+            for line in str(exc).splitlines()[1:]:
+                problems.append(f"{where}: {line.strip().removeprefix(f'deployment {deployment_id!r}: ')}")
+    return problems
 
 
 def check_config(path: Path) -> int:
@@ -80,8 +106,8 @@ def check_config(path: Path) -> int:
 
     try:
         config = _load_config(path)
-        parse_settings(load_config_settings(path, config))
-        problems = model_list_problems(config)
+        settings = parse_settings(load_config_settings(path, config))
+        problems = model_list_problems(config, settings)
     except (ConfigurationError, OSError) as exc:
         print(f"{path}: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -72,3 +72,25 @@ def test_status_rejects_a_malformed_redis_url_without_echoing_the_password(
     assert main(["status", "--config", str(config), "--redis-url", "http://u:topsecret@127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
     assert "invalid Redis URL http://u:***@127.0.0.1:1 (--redis-url)" in err and "topsecret" not in err
+
+
+def test_check_config_names_a_bad_backpressure_block_of_a_deployment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_list = (
+        "model_list:\n"
+        "  - {model_name: m, litellm_params: {model: openai/a},\n"
+        "     model_info: {id: gpu-a, backpressure: {shed_threshold: 1.5}}}\n"
+        "  - {model_name: m, litellm_params: {model: openai/b}, model_info: {backpressure: {shed_treshold: 0.8}}}\n"
+        "  - {model_name: m, litellm_params: {model: openai/c}, model_info: {backpressure: {max_limit: 8}}}\n"
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(model_list + "litellm_settings: {callbacks: [litellm_ratebalance.backpressure]}\n")
+    assert main(["check-config", str(config)]) == 78
+    err = capsys.readouterr().err
+    assert "deployment gpu-a (model_name m): model_info.backpressure.shed_threshold" in err
+    assert "deployment model_list[1] (model_name m): model_info.backpressure.shed_treshold" in err
+    assert "model_list[2]" not in err
+    # Without the backpressure callback the blocks mean nothing: not checked.
+    config.write_text(model_list + "litellm_settings: {callbacks: [litellm_ratebalance.rate_limiter]}\n")
+    assert main(["check-config", str(config)]) == 0
