@@ -13,22 +13,22 @@
   from the first call. A custom strategy bypasses the Router's health and cooldown filtering, so it asks
   ``router.async_get_healthy_deployments`` first.
 
-What is a sample: a call that reached a deployment (``model_id`` known) and was not a cache hit. A failure
-counts against the deployment (zero-rate sample) unless its status says the request itself was at fault
-(400, 413, 422). Nothing these hooks raise reaches a client: an internal error is logged and the Router's
-own choice stands.
+What the hooks read from LiteLLM's dicts (candidates, a request's size and id, a finished call's sample) is in
+:mod:`litellm_ratebalance.proxy.routing_calls`. What is a sample: a call that reached a deployment
+(``model_id`` known) and was not a cache hit. A failure counts against the deployment (zero-rate sample)
+unless its status says the request itself was at fault (400, 413, 422). Nothing these hooks raise reaches a
+client: an internal error is logged and the Router's own choice stands.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import litellm
 from litellm.integrations.custom_logger import CustomLogger
@@ -37,17 +37,22 @@ from litellm.types.router import CustomRoutingStrategyBase
 from litellm_ratebalance import metrics
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.identity import metadata_value
+from litellm_ratebalance.proxy.routing_calls import (
+    deployment_candidates,
+    finish_call,
+    model_group_of,
+    pool,
+    record_call,
+    request_id_of,
+    request_work,
+)
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
-from litellm_ratebalance.proxy.tokens import message_text_chars, requested_output_tokens
 from litellm_ratebalance.routing import core_build
 from litellm_ratebalance.routing.balancer import RateBalancer
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.model_info import deployment_id as _deployment_id
 from litellm_ratebalance.routing.model_info import model_info_problems
-from litellm_ratebalance.routing.model_info import positive as _positive
-from litellm_ratebalance.routing.model_info import slots as _slots
 from litellm_ratebalance.routing.types import Candidate
-from litellm_ratebalance.routing_records import RateLimitObservation, parse_reset_seconds
 from litellm_ratebalance.store.routing import RoutingStore
 
 __all__ = [
@@ -63,8 +68,6 @@ __all__ = [
 
 logger = logging.getLogger("litellm_ratebalance")
 
-_REQUEST_FAULT_CODES = frozenset({400, 413, 422})
-"""Failures that say nothing about the deployment (bad request, too large, unprocessable)."""
 _LOG_INTERVAL_SECONDS = 30.0
 _last_hook_error = [float("-inf")]
 
@@ -76,114 +79,8 @@ def _log_hook_error(where: str) -> None:
         logger.exception("litellm_ratebalance routing: %s failed; the Router's own choice stands", where)
 
 
-def _non_negative(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if number >= 0 and math.isfinite(number) else None
-
-
-_candidate_cache: dict[int, tuple[Mapping[str, Any], Candidate]] = {}
-_CANDIDATE_CACHE_SIZE = 4096
-
-
-def _candidate(deployment: Mapping[str, Any]) -> Candidate | None:
-    # The Router hands the same deployment dicts on every request: read each one once. The cache holds the
-    # dict itself, so its id cannot be reused by another object while the entry exists.
-    key = id(deployment)
-    cached = _candidate_cache.get(key)
-    if cached is not None and cached[0] is deployment:
-        return cached[1]
-    deployment_id = _deployment_id(deployment)
-    if deployment_id is None:
-        return None
-    info = deployment.get("model_info") or {}
-    params = deployment.get("litellm_params") or {}
-    candidate = Candidate(
-        deployment_id,
-        _positive(info.get("input_to_output_ratio")),
-        _positive(params.get("tpm", deployment.get("tpm"))),
-        _positive(params.get("rpm", deployment.get("rpm"))),
-        _slots(info.get("slots")),
-    )
-    for problem in model_info_problems([deployment]):
-        logger.warning("litellm_ratebalance routing: %s", problem)  # once per deployment dict (cached below)
-    if len(_candidate_cache) >= _CANDIDATE_CACHE_SIZE:
-        _candidate_cache.clear()  # the Router replaced its model list (or many routers): start over
-    _candidate_cache[key] = (deployment, candidate)
-    return candidate
-
-
 def _startup_model_info_problems(model_list: Sequence[Mapping[str, Any]]) -> list[str]:
     return model_info_problems(model_list, consequence=False)
-
-
-def deployment_candidates(deployments: Sequence[Mapping[str, Any]]) -> tuple[Candidate, ...] | None:
-    """The balancer's view of LiteLLM deployment dicts (None when one lacks a ``model_info.id``).
-
-    The ratio comes from ``model_info.input_to_output_ratio``, the slots from ``model_info.slots``; tpm / rpm
-    from ``litellm_params`` (or the deployment's top level, where LiteLLM also accepts them). A dict is read
-    once and remembered (the Router passes the same dicts each time and builds new ones when its model list
-    changes).
-    """
-    out: list[Candidate] = []
-    for deployment in deployments:
-        candidate = _candidate(deployment)
-        if candidate is None:
-            return None
-        out.append(candidate)
-    return tuple(out)
-
-
-class _Pool(NamedTuple):
-    """What the filter hook needs to know of one list of deployment dicts, read once per set of dicts."""
-
-    deployments: tuple[Any, ...]
-    """The dicts themselves: held, so that no other object can take one of their ids while the entry exists."""
-    mappings: bool
-    """Every one is a mapping (else the hook leaves the list to the Router)."""
-    ordered: bool
-    """One of them sets ``litellm_params.order`` (the Router narrows by it after the hook)."""
-    candidates: tuple[Candidate, ...] | None
-    """:func:`deployment_candidates` of them (None: one lacks an id, or one is not a mapping)."""
-
-
-_pool_cache: dict[tuple[int, ...], _Pool] = {}
-_POOL_CACHE_SIZE = 1024
-
-
-def _pool(deployments: Sequence[Any]) -> _Pool:
-    """What the filter hook needs to know of these deployments (:class:`_Pool`), read once per set of dicts.
-
-    Assumes, as :func:`_candidate` does, that the Router does not edit a deployment dict in place: its
-    ``upsert_deployment`` replaces the dict (tests/integration/test_routing_router.py checks it)."""
-    # The Router builds a new list of healthy deployments for every request, of the same dicts while its
-    # model list stands (a cooldown leaves a subset of them): the dicts' ids name the set. One lookup on
-    # the request path instead of a pass over the dicts for each of the three facts.
-    key = tuple(map(id, deployments))
-    pool = _pool_cache.get(key)
-    if pool is None:
-        held = tuple(deployments)
-        # (type() first: the Router's dicts are plain, and an ABC isinstance costs more than the pick)
-        mappings = all(type(d) is dict or isinstance(d, Mapping) for d in held)
-        pool = _Pool(
-            held,
-            mappings,
-            mappings and _litellm.any_order(held),
-            deployment_candidates(held) if mappings else None,
-        )
-        if len(_pool_cache) >= _POOL_CACHE_SIZE:
-            _pool_cache.clear()  # a changed model list (or many cooldown subsets): start over
-        _pool_cache[key] = pool
-    return pool
-
-
-def _model_group(deployments: Sequence[Mapping[str, Any]], model: str) -> str:
-    name = deployments[0].get("model_name")
-    return name if isinstance(name, str) and name else model
 
 
 ROUTING_CHOICES = "routing_choices"
@@ -249,31 +146,6 @@ def _announce_core_build() -> None:
         )
 
 
-def _request_id(kwargs: Mapping[str, Any] | None) -> str | None:
-    """LiteLLM's id of one request, the same in the routing hook and in its logging events."""
-    value = kwargs.get("litellm_trace_id") if kwargs else None
-    return value if isinstance(value, str) and value else None
-
-
-_NO_CEILING = 2**62
-_CHARS_PER_TOKEN = 4.0
-"""Characters of prompt text per input token, for a request's size before it is tokenized (OpenAI's rule of
-thumb; the input part of a request's work is divided by the input-to-output ratio, so the error is small)."""
-
-
-def request_work(messages: object, request_kwargs: Mapping[str, Any] | None, ratio: float) -> float | None:
-    """The most a request can cost in work tokens, ``max_tokens + input_tokens / ratio``: its output-token
-    limit as the admission reservation reads it (:func:`requested_output_tokens`), the input counted from the
-    characters of its messages' text; None when it sets no positive limit, since its output length is then
-    unknown."""
-    if not request_kwargs:
-        return None
-    cap = requested_output_tokens(request_kwargs, default=0, ceiling=_NO_CEILING)
-    if cap <= 0:
-        return None
-    return cap + message_text_chars(messages) / _CHARS_PER_TOKEN / ratio
-
-
 def _pick(
     balancer: RateBalancer,
     model: str,
@@ -288,9 +160,9 @@ def _pick(
         candidates = deployment_candidates(deployments)
         if candidates is None:
             return None
-    model_group = _model_group(deployments, model)
+    model_group = model_group_of(deployments, model)
     work = request_work(messages, request_kwargs, balancer.settings.ratio_for(model_group, None))
-    index = balancer.choose(model_group, candidates, _request_id(request_kwargs), work=work)
+    index = balancer.choose(model_group, candidates, request_id_of(request_kwargs), work=work)
     _export(balancer, model_group, candidates, index)
     return index
 
@@ -315,99 +187,6 @@ def _backpressure_available(deployments: Sequence[_D], request_kwargs: Mapping[s
         if (deployment_id := _deployment_id(d)) is None or gate.deployment_available(deployment_id, priority)
     ]
     return available if available else deployments
-
-
-def _rate_limits(headers: object) -> RateLimitObservation | None:
-    if not isinstance(headers, Mapping):
-        return None
-
-    def header(name: str) -> float | None:
-        return _non_negative(headers.get(f"x_ratelimit_{name}"))
-
-    observation = RateLimitObservation(
-        remaining_requests=header("remaining_requests"),
-        remaining_tokens=header("remaining_tokens"),
-        limit_requests=header("limit_requests"),
-        limit_tokens=header("limit_tokens"),
-    )
-    if observation.remaining_requests is None and observation.remaining_tokens is None:
-        return None  # limits alone say nothing about what is left
-    resets = [parse_reset_seconds(headers.get(f"x_ratelimit_reset_{kind}")) for kind in ("requests", "tokens")]
-    known = [r for r in resets if r is not None]
-    return dataclasses.replace(observation, reset_seconds=min(known)) if known else observation
-
-
-def _trace_id(payload: Mapping[str, Any]) -> str | None:
-    value = payload.get("trace_id")
-    return value if isinstance(value, str) and value else None
-
-
-def _status_code(kwargs: Mapping[str, Any], payload: Mapping[str, Any]) -> int | None:
-    info = payload.get("error_information")
-    code: object = info.get("error_code") if isinstance(info, Mapping) else None
-    if code in (None, ""):
-        code = getattr(kwargs.get("exception"), "status_code", None)
-    try:
-        return int(str(code))
-    except ValueError:
-        return None
-
-
-def finish_call(balancer: RateBalancer, request_data: Mapping[str, Any]) -> bool:
-    """Tell the balancer that a call's answer is back, from the ``request_data`` of LiteLLM's
-    ``async_post_call_success_deployment_hook`` (called as the answer arrives, before the caller gets it;
-    the success is logged later, in the background). False when ``end_pick_on_answer`` is off (checked
-    first: the hook runs for every successful call, and nothing is parsed for it then), when the call cannot
-    be matched to a pick, or when it is a stream (measured when it completes)."""
-    if not balancer.settings.end_pick_on_answer or request_data.get("stream"):
-        return False
-    info = _litellm.request_deployment_info(request_data)
-    model_group = _litellm.request_metadata(request_data).get("model_group")
-    request_id = _request_id(request_data)
-    if info is None or not isinstance(model_group, str) or not model_group or request_id is None:
-        return False
-    balancer.finish(model_group, str(info["id"]), request_id)
-    return True
-
-
-def record_call(balancer: RateBalancer, kwargs: Mapping[str, Any], ok: bool) -> bool:
-    """Record one finished call from LiteLLM's logging ``kwargs``; False when it is not a sample."""
-    payload = kwargs.get("standard_logging_object")
-    if not isinstance(payload, Mapping) or payload.get("cache_hit"):
-        return False
-    params = kwargs.get("litellm_params") or {}
-    info = params.get("model_info") if isinstance(params, Mapping) else None
-    info = info if isinstance(info, Mapping) else {}
-    deployment_id = payload.get("model_id") or info.get("id")
-    model_group = payload.get("model_group")
-    if not deployment_id or not isinstance(model_group, str) or not model_group:
-        return False
-    if not ok and _status_code(kwargs, payload) in _REQUEST_FAULT_CODES:
-        # The request was at fault: the deployment's request slot is free again, nothing else to learn.
-        balancer.release(model_group, str(deployment_id), _request_id(kwargs) or _trace_id(payload))
-        return False
-    start = _non_negative(payload.get("startTime"))
-    end = _non_negative(payload.get("endTime"))
-    latency = end - start if start is not None and end is not None and end >= start else 0.0
-    ttft = None
-    first_token = _non_negative(payload.get("completionStartTime"))
-    if payload.get("stream") and ok and start is not None and first_token is not None and first_token >= start:
-        ttft = first_token - start
-    hidden = payload.get("hidden_params")
-    headers = hidden.get("additional_headers") if isinstance(hidden, Mapping) else None
-    balancer.record(
-        model_group,
-        str(deployment_id),
-        latency=latency,
-        input_tokens=int(_non_negative(payload.get("prompt_tokens")) or 0) if ok else 0,
-        output_tokens=int(_non_negative(payload.get("completion_tokens")) or 0) if ok else 0,
-        ok=ok,
-        ttft=ttft,
-        input_to_output_ratio=_positive(info.get("input_to_output_ratio")),
-        rate_limits=_rate_limits(headers) if ok else None,
-        request_id=_request_id(kwargs) or _trace_id(payload),
-    )
-    return True
 
 
 class _BalancerSource:
@@ -476,7 +255,7 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
         try:
             if len(healthy_deployments) < 2 or _litellm.is_fanout_lookup(messages):
                 return healthy_deployments
-            known = _pool(healthy_deployments)
+            known = pool(healthy_deployments)
             if not known.mappings:
                 return healthy_deployments
             narrowed = _litellm.narrow_like_router(healthy_deployments, request_kwargs, ordered=known.ordered)

@@ -16,7 +16,7 @@ import pytest
 from litellm.proxy._types import UserAPIKeyAuth
 from prometheus_client import REGISTRY
 
-from litellm_ratebalance.proxy import routing as routing_adapter
+from litellm_ratebalance.proxy import routing_calls as routing_adapter
 from litellm_ratebalance.proxy.contracts import TrafficContractsCallback
 from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
 from litellm_ratebalance.store import KeySpace, RedisStore

@@ -11,10 +11,9 @@ from litellm_ratebalance.proxy.routing import (
     RateBalancedRouting,
     RateBalancerCallback,
     deployment_candidates,
-    finish_call,
     model_info_problems,
-    record_call,
 )
+from litellm_ratebalance.proxy.routing_calls import finish_call, record_call
 from litellm_ratebalance.routing import Candidate
 from tests.unit.routing_support import feed, make_balancer
 
