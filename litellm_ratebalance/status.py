@@ -98,11 +98,11 @@ __all__ = [
 SCHEMA_VERSION = 1
 DEFAULT_POOL_LABEL = "default"
 NOT_IN_CONFIG = "not in config"
-GPU_COLUMN_NOTE = (
-    "GPU-s/1k tok: attributed GPU-seconds per 1000 output tokens of recent requests (ratebalance.cost, shared "
-    "state of all replicas); '-': no request metered there lately (not behind backpressure, or cost off)"
-)
 """``routing_mode`` of a deployment the store has statistics for but the config does not list."""
+GPU_COLUMN_NOTE = (
+    "GPU-s/1k tok: attributed GPU-seconds per 1000 output tokens, recent requests of all replicas ('-': none metered)"
+)
+"""Under the deployments table: what the cost column is and what ``-`` means there (docs/cost.md)."""
 
 
 # -- the report (pure data) -------------------------------------------------------------------------------

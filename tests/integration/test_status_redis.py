@@ -195,7 +195,7 @@ def test_status_json_and_table_show_what_was_written(
     assert float(cells[-1]) == pytest.approx(per_1k, abs=0.0015)  # the GPU-s/1k tok column
     b_line = next(line for line in table.splitlines() if line.lstrip().startswith(derived_id[:20]))
     assert b_line.split()[-1] == "-"
-    assert "GPU-s/1k tok: attributed GPU-seconds per 1000 output tokens" in table
+    assert "GPU-s/1k tok: attributed GPU-seconds per 1000 output tokens, recent requests of all replicas" in table
     feature_line = next(line for line in table.splitlines() if line.lstrip().startswith("smart-window"))
     assert feature_line.split() == ["smart-window", "3", "2", "borrowed", "120", "5000", "normal"]
 
