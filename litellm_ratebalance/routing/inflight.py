@@ -50,6 +50,9 @@ class InFlight(dict[object, tuple[float, float, float]]):
         return self._area
 
     def add(self, now: float, request_id: str | None, expected_latency: float = 0.0) -> None:
+        """A request starts at ``now`` (the same id again restarts it; beyond :data:`MAX_IN_FLIGHT` entries the
+        oldest is dropped). ``expected_latency``: what a request of its size takes there at light load (0:
+        unknown)."""
         area = self._advance(now)
         if len(self) >= MAX_IN_FLIGHT:
             del self[next(iter(self))]
@@ -74,6 +77,7 @@ class InFlight(dict[object, tuple[float, float, float]]):
         return start, max(load, 1.0), expected
 
     def forget_before(self, cutoff: float, now: float) -> None:
+        """Drop the entries that started before ``cutoff`` (picks whose call never reported back)."""
         self._advance(now)
         while self:
             key = next(iter(self))
