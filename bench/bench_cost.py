@@ -213,6 +213,17 @@ async def wait_idle(server: InferenceServerProcess) -> None:
             await asyncio.sleep(0.1)
 
 
+def store_faults() -> float:
+    """Store errors counted so far by backpressure and cost (a faulty store leaves requests unmetered)."""
+    return sum(
+        sample.value
+        for family in REGISTRY.collect()
+        if family.name == "litellm_ratebalance_store_errors"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels["component"] in ("backpressure", "cost")
+    )
+
+
 def attributed(tier: str) -> float:
     """GPU-seconds attributed so far to ``tier`` on the bench's deployment (every team and feature)."""
     total = 0.0
@@ -246,6 +257,7 @@ class Outcome:
     got: dict[str, float]
     counts: dict[str, dict[str, int]]
     shown_per_1k: float | None
+    store_faults: float
 
 
 async def run_profile(profile: Profile, args: Any) -> Outcome:
@@ -292,6 +304,7 @@ async def run_profile(profile: Profile, args: Any) -> Outcome:
         store = await make_store(args.redis_url, profile.name)
         configure(store=store)
         before = {tier: attributed(tier) for tier in TIERS}
+        faults_before = store_faults()
         started = time.monotonic()
         results = await run_open_loop(router, jobs)
         elapsed = time.monotonic() - started
@@ -301,6 +314,7 @@ async def run_profile(profile: Profile, args: Any) -> Outcome:
                 break
             await asyncio.sleep(0.05)
         stats = await server.stats()
+        faults = store_faults() - faults_before
         half_life_ms = int(get_runtime().settings().ratebalance.cost.efficiency_half_life_seconds * 1000)
         efficiency = await get_runtime().store().cost_efficiency(DEPLOYMENT, half_life_ms=half_life_ms)
         await callback.aclose()
@@ -322,6 +336,7 @@ async def run_profile(profile: Profile, args: Any) -> Outcome:
         got={tier: attributed(tier) - before[tier] for tier in TIERS},
         counts=counts,
         shown_per_1k=None if efficiency is None else efficiency.per_1k_output_tokens(),
+        store_faults=faults,
     )
 
 
@@ -338,7 +353,8 @@ def report(outcome: Outcome, args: Any) -> list[tuple[str, bool]]:
     print(
         f"overload: {outcome.jobs} requests in {args.seconds:.0f}s ({outcome.rate:.1f}/s = {OVERLOAD:.0f}x the best "
         f"closed loop, {outcome.best:.0f} tok/s), {args.high_share:.0%} high priority; run took "
-        f"{outcome.elapsed:.1f}s, engine busy {stats.busy_seconds:.2f}s, simulated OOM failures {stats.oom_failures}\n"
+        f"{outcome.elapsed:.1f}s, engine busy {stats.busy_seconds:.2f}s, simulated OOM failures {stats.oom_failures}, "
+        f"store faults {outcome.store_faults:.0f} (a request that meets one goes unmetered)\n"
     )
     header = f"{'tier':6}{'ok':>6}{'refused':>9}{'failed':>8}{'attributed GPU-s':>18}{'true GPU-s':>12}{'error':>9}"
     print(header)
