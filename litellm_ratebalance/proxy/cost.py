@@ -38,7 +38,6 @@ from litellm_ratebalance import metrics
 from litellm_ratebalance.attribution.config import CostSettings
 from litellm_ratebalance.attribution.labels import CostLabels, TeamLabels, cost_labels
 from litellm_ratebalance.attribution.sharing import Mark
-from litellm_ratebalance.contracts.config import UNASSIGNED
 from litellm_ratebalance.contracts.policy import ContractBook, resolve_feature
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.proxy import _litellm
@@ -50,8 +49,6 @@ __all__ = ["CostCallback", "CostMeter", "cost", "cost_meter"]
 logger = logging.getLogger("litellm_ratebalance.cost")
 
 _COMPONENT = "cost"
-_CONTRACT_FEATURE_KEY = "traffic_contract_feature"
-"""Where the traffic-contracts callback leaves the feature it resolved (``proxy/contracts.py``)."""
 
 GPU_SECONDS = "gpu_seconds"
 COST_USD = "cost_usd"
@@ -97,6 +94,8 @@ class _Derived:
     priorities: frozenset[str]
     book: ContractBook
     teams: TeamLabels
+    fault_settings: Settings
+    """``settings`` with ``fail_mode`` open: accounting always goes on without the store (for fault logging)."""
 
 
 class CostMeter:
@@ -132,6 +131,9 @@ class CostMeter:
                 | frozenset(settings.ratebalance.backpressure.tiers),
                 book=ContractBook.from_settings(settings.ratebalance.traffic_contracts),
                 teams=TeamLabels(cost.teams, cost.max_teams),
+                fault_settings=settings.model_copy(
+                    update={"ratebalance": settings.ratebalance.model_copy(update={"fail_mode": "open"})}
+                ),
             )
             self._derived = derived
         return derived
@@ -166,23 +168,22 @@ class CostMeter:
 
     @staticmethod
     def _feature(request: Mapping[str, Any], auth: Any, derived: _Derived) -> str:
-        metadata = _litellm.request_metadata(request)
-        noted = metadata.get(_CONTRACT_FEATURE_KEY)
-        # The traffic-contracts callback resolved it already (a value that names no configured feature cannot
-        # come from it: a client-written one is ignored).
-        if noted == UNASSIGNED or derived.book.canonical(noted) is not None:
-            return UNASSIGNED if noted == UNASSIGNED else str(derived.book.canonical(noted))
+        """The traffic contracts' resolution, with their trust rules: key and team metadata and admin tags
+        always; the request's own ``metadata.feature`` and tags only with ``trust_request_feature``. (Not the
+        feature the contracts callback notes in the metadata: without that callback a client could write it.)"""
         key_metadata = getattr(auth, "metadata", None)
         team_metadata = getattr(auth, "team_metadata", None)
         key_metadata = key_metadata if isinstance(key_metadata, Mapping) else {}
         team_metadata = team_metadata if isinstance(team_metadata, Mapping) else {}
-        tags = [*_tags(key_metadata.get("tags")), *_tags(team_metadata.get("tags"))]
-        # Only what an admin set (key and team metadata and tags): the request body is not trusted here.
+        metadata = _litellm.request_metadata(request)
         return resolve_feature(
             derived.book,
+            request_feature=metadata.get("feature"),
             key_feature=key_metadata.get("feature"),
             team_feature=team_metadata.get("feature"),
-            admin_tags=tags,
+            request_tags=[*_tags(request.get("tags")), *_tags(metadata.get("tags"))],
+            admin_tags=[*_tags(key_metadata.get("tags")), *_tags(team_metadata.get("tags"))],
+            trust_request_feature=derived.settings.ratebalance.traffic_contracts.trust_request_feature,
         ).feature
 
     # -- local deployments ------------------------------------------------------------------------------
@@ -198,7 +199,7 @@ class CostMeter:
         try:
             mark = await runtime.store().cost_start(deployment_id, half_life_ms=half_life_ms, ttl_ms=ttl_ms)
         except StoreError as exc:
-            runtime.faults.record(_COMPONENT, exc, derived.settings)
+            runtime.faults.record(_COMPONENT, exc, derived.fault_settings)
             return
         self._open[lease_id] = _Open(deployment_id, mark.mark, self._clock())
 
@@ -231,7 +232,7 @@ class CostMeter:
                 ttl_ms=ttl_ms,
             )
         except StoreError as exc:
-            runtime.faults.record(_COMPONENT, exc, derived.settings)
+            runtime.faults.record(_COMPONENT, exc, derived.fault_settings)
             return
         labels = self.labels(request if isinstance(request, Mapping) else None, derived)
         if end.share is not None:

@@ -21,6 +21,7 @@ from litellm.proxy._types import UserAPIKeyAuth
 from litellm.router import Router
 from prometheus_client import REGISTRY
 
+from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
 from litellm_ratebalance.proxy.cost import CostCallback, cost_meter
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
@@ -204,3 +205,37 @@ async def test_a_flood_of_bogus_names_creates_a_bounded_set_of_series() -> None:
     assert {labels["priority"] for labels in flood} == {"cost-flood-prod", "default"}
     assert {labels["feature"] for labels in flood} == {"unassigned"}  # the body's and unknown names are not trusted
     assert {labels["source"] for labels in flood} == {"api"}
+
+
+async def test_the_request_may_name_its_feature_only_when_the_contracts_trust_it() -> None:
+    reset_runtime()
+    contracts: dict[str, Any] = {"features": {"cost-trusted": {"rpm": 10}}, "trust_request_feature": True}
+    configure(settings=parse_settings({"ratebalance": {"traffic_contracts": contracts}}), store=MemoryStore())
+    kwargs = {
+        "metadata": {"user_api_key_auth": DEV, "feature": "cost-trusted"},
+        "standard_logging_object": {"response_cost": 0.5, "model_id": "api-x"},
+    }
+    labels = {"priority": "default", "team": "none", "feature": "cost-trusted", "source": "api"}
+    before = value("cost_usd_total", **labels)
+    assert cost_meter().api_cost(kwargs, None) == 0.5
+    assert value("cost_usd_total", **labels) - before == 0.5
+
+
+class CostStoreDown(MemoryStore):
+    """Leases work; the cost state does not (a Redis fault on the cost scripts only)."""
+
+    async def cost_start(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreError("redis down (test)")
+
+
+async def test_a_store_fault_leaves_the_request_served_and_unmetered(setup: tuple[Router, InferenceServer]) -> None:
+    router, _ = setup
+    store = CostStoreDown()
+    configure(store=store)
+    faults = value("store_errors_total", component="cost", mode="open")
+    before = total("gpu_seconds")
+    response = await ask(router, "local", DEV, 5)
+    assert response.usage.completion_tokens == 5
+    assert value("store_errors_total", component="cost", mode="open") == faults + 1
+    assert total("gpu_seconds") == before
+    assert cost_meter().open_requests == 0
