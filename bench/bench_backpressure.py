@@ -1,28 +1,37 @@
-"""Backpressure under a 3x overload of a simulated local inference server, with and without the layer.
+"""Backpressure under a 3x overload of a simulated local inference server, two server profiles, each with
+the same request sequence sent without the layer and with it (seeded), everything on loopback.
 
-One run, same request sequence for both modes (seeded), everything on loopback:
+Server profiles (:class:`Profile`; the simulator is ``litellm_ratebalance/simulate/inference_server.py``):
 
-1. **capacity**: the larger of the server's nominal decode rate (knee / step time: the batch size where
-   per-token latency starts to grow, at full speed) and the best output tokens per second it sustains
-   alone, closed loop at and a little past its knee, without running out of memory;
-2. **unloaded**: high-priority requests through a LiteLLM Router at concurrency 2: their p95 latency;
-3. **overload**: Poisson arrivals at 3x the capacity (20% high priority, 80% low) for ``--seconds``,
-   through a Router **without** the layer, then **with** ``BackpressureCallback`` (tiers low < high,
-   KV-cache capacity configured, metrics scraped, queue on for the top tier).
+* ``knee``: knee 8 running requests, 20 ms per token, 48 slots, a 2,000-token KV cache; prompts 50-150
+  tokens, answers 20-60. The knee binds: 8 requests hold ~1,000 tokens.
+* ``kv``: the issue's vLLM-like server: knee 12, 20 ms per token, 64 slots, a 3,000-token KV cache whose
+  overflow fails every running request with 500; prompts 100-600 tokens, answers 50-300. The KV cache binds:
+  a request holds 150-900 tokens, so ~5 fit where the knee would allow 12.
 
-Targets (with the layer): zero simulated out-of-memory failures, high-priority p95 within 1.5x of the
-unloaded p95, the low tier shed before the high one, goodput >= 90% of the measured capacity. Goodput counts
-output tokens of successful requests that completed inside the measurement window (after a warm-up), per
-second. The server runs in a child process so the load generator's CPU does not slow its engine.
+Requests are sent as users send them: every prompt has a natural answer length (the simulator ends it there,
+as a model stops at end-of-sequence); a third of the requests set ``max_tokens`` to exactly that length (a
+benchmark client), a third set a ``max_tokens`` far above it (1,024 / 2,048), a third set none.
 
-Why 20% high priority: the high tier alone then offers 60% of the nominal capacity (about 70% of what the
-server sustains closed loop). A tier that alone offers (nearly) all of the capacity queues behind itself:
-at 86-95% load a FIFO wait grows like ``1 / (1 - load)`` whatever is done with the lower tiers, so its p95
-measures the high tier's own provisioning, not the layer. ``--high-share 0.25`` is that stress case (kept in
-bench/results/backpressure.md); the bench prints the high tier's offered load next to the capacity.
+Per profile:
 
-``python bench/bench_backpressure.py [--seconds 25] [--seed 7] [--high-share 0.2] [--limit JSON] [--debug]``
-(also part of ``make bench``); the layer runs with default settings except those listed in the config below.
+1. **best closed loop**: the server alone, clients back to back at a few fixed concurrencies; the best
+   output tokens/s without a simulated OOM, counted over a window after a warm-up (the reference of goodput);
+2. **unloaded**: high-priority requests through a plain LiteLLM Router at concurrency 3 (below the knee and
+   the KV cache): their p95 latency per output token;
+3. **overload**: Poisson arrivals at 3x the best closed loop (20% high priority) for ``--seconds``, through
+   a Router without the layer, then with ``BackpressureCallback`` reserving ``max_tokens`` (``output_estimate:
+   max_tokens``, the former behaviour), then with the defaults (``learned``). Layer settings: tiers
+   ``[low, high]``, ``kv_cache_tokens`` of the server, metrics scraped, queue on (max wait 10 s).
+
+Targets (``learned``, each profile): high priority refused <= 5%, high p95 per output token <= 1.5x
+unloaded, zero simulated OOM failures, goodput >= 85% of the best closed loop, the low tier refused more
+than the high one. Goodput: output tokens of successful requests completed inside the measurement window
+(after a warm-up), per second. The server runs in a child process so the load generator's CPU does not slow
+its engine.
+
+``python bench/bench_backpressure.py [--profile knee|kv|both] [--modes without,max_tokens,learned]
+[--seconds 25] [--seed 7] [--high-share 0.2] [--limit JSON] [--settings JSON] [--debug]`` (also part of ``make bench``).
 """
 
 from __future__ import annotations
@@ -54,22 +63,70 @@ from prometheus_client import REGISTRY
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
-from litellm_ratebalance.simulate.inference_server import InferenceServerProcess, ServerSpec
+from litellm_ratebalance.simulate.inference_server import InferenceServerProcess, ServerSpec, answer_length
 from litellm_ratebalance.store import MemoryStore
 
-SPEC = ServerSpec(knee=8, step_seconds=0.02, max_num_seqs=48, memory_tokens=2000)
 OVERLOAD = 3.0
 HIGH_SHARE = 0.2
 WARMUP_SECONDS = 3.0
 MAX_IN_FLIGHT = 400  # safety bound on concurrent client tasks
+UNLOADED_REQUESTS = 48
+UNLOADED_CONCURRENCY = 3
+CLOSED_LOOP_SECONDS = 12.0
+TIERS = ("high", "low")
+MODES = ("without", "max_tokens", "learned")
+
+
+_WORD_TEXT = (
+    "the and for are but not you all any can had her was one our out day get has him his how man new now "
+    "old see two way who boy did its let put say she too use act add age ago aid aim air art ask bad bag "
+    "bed big bit box bus buy car cat cup cut dog dry ear eat egg end eye far few fit fly fun gas hat hot "
+    "ice job key kid lab law lay leg lie lot low map mix mud net nut oil pan pay pen pet pie pig pin pot "
+    "raw red rid row run sad sea set"
+)
+WORDS = tuple(_WORD_TEXT.split())
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    spec: ServerSpec
+    prompt_tokens: tuple[int, int]
+    far_max_tokens: int
+    """The max_tokens of the requests that set one far above their answer."""
+    closed_loop: tuple[int, ...]
+    """Concurrencies tried for the best closed loop."""
+
+
+PROFILES = {
+    "knee": Profile(
+        "knee",
+        ServerSpec(knee=8, step_seconds=0.02, max_num_seqs=48, memory_tokens=2000, answer_tokens=(20, 60)),
+        prompt_tokens=(50, 150),
+        far_max_tokens=1024,
+        closed_loop=(8, 10, 12),
+    ),
+    "kv": Profile(
+        "kv",
+        ServerSpec(knee=12, step_seconds=0.02, max_num_seqs=64, memory_tokens=3000, answer_tokens=(50, 300)),
+        prompt_tokens=(100, 600),
+        far_max_tokens=2048,
+        closed_loop=(3, 4, 5, 6),
+    ),
+}
 
 
 @dataclass(frozen=True)
 class Job:
     at: float
     priority: str
-    prompt_chars: int
-    max_tokens: int
+    messages: tuple[tuple[str, str], ...]
+    max_tokens: int | None
+    answer: int
+    """The natural answer length the server will produce."""
+
+    def payload(self) -> list[dict[str, str]]:
+        return [{"role": role, "content": content} for role, content in self.messages]
 
 
 @dataclass
@@ -82,7 +139,21 @@ class Result:
     output_tokens: int
 
 
-def make_jobs(rng: random.Random, rate: float, seconds: float, high_share: float) -> list[Job]:
+def make_job(rng: random.Random, profile: Profile, at: float, priority: str, index: int) -> Job:
+    tokens = rng.randint(*profile.prompt_tokens)
+    # Three-letter words: the simulator counts 4 characters per token and LiteLLM's counter one token per
+    # word (plus a few for the chat format), so both see the same prompt size. (A run of one character
+    # would count half as many tokens in LiteLLM as in the simulator, and the layer would under-reserve.)
+    content = f"request {index}: " + " ".join(rng.choice(WORDS) for _ in range(tokens))
+    messages = (("user", content),)
+    answer = answer_length(profile.spec, [{"role": "user", "content": content}])
+    assert answer is not None
+    kind = index % 3  # exact, far above, none: interleaved so every tier and phase gets all three
+    max_tokens = answer if kind == 0 else (profile.far_max_tokens if kind == 1 else None)
+    return Job(at, priority, messages, max_tokens, answer)
+
+
+def make_jobs(rng: random.Random, profile: Profile, rate: float, seconds: float, high_share: float) -> list[Job]:
     jobs: list[Job] = []
     t = 0.0
     while True:
@@ -90,7 +161,7 @@ def make_jobs(rng: random.Random, rate: float, seconds: float, high_share: float
         if t >= seconds:
             return jobs
         priority = "high" if rng.random() < high_share else "low"
-        jobs.append(Job(t, priority, rng.randint(200, 600), rng.randint(20, 60)))
+        jobs.append(make_job(rng, profile, t, priority, len(jobs)))
 
 
 def router_for(api_base: str) -> Router:
@@ -104,14 +175,15 @@ def router_for(api_base: str) -> Router:
 
 async def send(router: Router, job: Job, origin: float) -> Result:
     started = time.monotonic() - origin
+    extra: dict[str, Any] = {} if job.max_tokens is None else {"max_tokens": job.max_tokens}
     try:
         response = await router.acompletion(
             model="local",
-            messages=[{"role": "user", "content": "x" * job.prompt_chars}],
-            max_tokens=job.max_tokens,
+            messages=job.payload(),
             metadata={
                 "user_api_key_auth": UserAPIKeyAuth(token=f"k-{job.priority}", metadata={"priority": job.priority})
             },
+            **extra,
         )
         tokens = int(getattr(getattr(response, "usage", None), "completion_tokens", 0) or 0)
         return Result(job, 200, None, started, time.monotonic() - origin, tokens)
@@ -138,46 +210,44 @@ async def run_open_loop(router: Router, jobs: Sequence[Job]) -> list[Result]:
     return list(await asyncio.gather(*tasks))
 
 
-async def closed_loop(server: InferenceServerProcess, concurrency: int, seconds: float, rng: random.Random) -> float:
-    """Output tokens/s of the server alone with ``concurrency`` clients back to back (0 if it OOMed)."""
+async def closed_loop(server: InferenceServerProcess, profile: Profile, concurrency: int, rng: random.Random) -> float:
+    """Output tokens/s of the server alone with ``concurrency`` clients back to back, counted over the
+    completions inside ``[warm-up, end]`` (0 if it OOMed)."""
     await server.reset()
-    deadline = time.monotonic() + seconds
+    origin = time.monotonic()
     tokens = 0
+    counter = iter(range(10**9))
     async with aiohttp.ClientSession() as session:
 
         async def worker() -> None:
             nonlocal tokens
-            while time.monotonic() < deadline:
-                body = {
-                    "model": "sim",
-                    "messages": [{"role": "user", "content": "x" * rng.randint(200, 600)}],
-                    "max_tokens": rng.randint(20, 60),
-                }
+            while time.monotonic() - origin < CLOSED_LOOP_SECONDS:
+                job = make_job(rng, profile, 0.0, "high", next(counter))
+                body: dict[str, Any] = {"model": "sim", "messages": job.payload()}
+                if job.max_tokens is not None:
+                    body["max_tokens"] = job.max_tokens
                 async with session.post(server.api_base + "/chat/completions", json=body) as response:
                     data = await response.json()
-                if response.status == 200 and time.monotonic() <= deadline:
+                if response.status == 200 and WARMUP_SECONDS <= time.monotonic() - origin <= CLOSED_LOOP_SECONDS:
                     tokens += int(data["usage"]["completion_tokens"])
 
-        start = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = min(time.monotonic(), deadline) - start
-    return 0.0 if (await server.stats()).oom_failures else tokens / elapsed
+    return 0.0 if (await server.stats()).oom_failures else tokens / (CLOSED_LOOP_SECONDS - WARMUP_SECONDS)
 
 
-async def measure_capacity(server: InferenceServerProcess, rng: random.Random) -> tuple[float, int]:
-    """The best sustainable throughput (no OOM) over a few concurrencies around the knee."""
-    best, best_concurrency = 0.0, 0
-    for concurrency in (SPEC.knee, SPEC.knee + 2, SPEC.knee + 4):
-        rate = await closed_loop(server, concurrency, 4.0, rng)
+async def measure_capacity(server: InferenceServerProcess, profile: Profile, rng: random.Random) -> dict[int, float]:
+    """Closed-loop throughput per concurrency (0: it ran out of memory)."""
+    rates: dict[int, float] = {}
+    for concurrency in profile.closed_loop:
+        rates[concurrency] = await closed_loop(server, profile, concurrency, rng)
         await wait_idle(server)
-        if rate > best:
-            best, best_concurrency = rate, concurrency
-    return best, best_concurrency
+    return rates
 
 
-async def measure_unloaded(router: Router, rng: random.Random, count: int) -> list[float]:
-    jobs = [Job(0.0, "high", rng.randint(200, 600), rng.randint(20, 60)) for _ in range(count)]
-    limiter = asyncio.Semaphore(2)
+async def measure_unloaded(router: Router, profile: Profile, rng: random.Random) -> list[float]:
+    """Latency per output token of high-priority requests at a concurrency below the knee and the cache."""
+    jobs = [make_job(rng, profile, 0.0, "high", i) for i in range(UNLOADED_REQUESTS)]
+    limiter = asyncio.Semaphore(UNLOADED_CONCURRENCY)
     origin = time.monotonic()
 
     async def one(job: Job) -> Result:
@@ -185,17 +255,12 @@ async def measure_unloaded(router: Router, rng: random.Random, count: int) -> li
             return await send(router, job, origin)
 
     results = await asyncio.gather(*(one(j) for j in jobs))
-    return [r.ended - r.started for r in results if r.status == 200]
+    return [(r.ended - r.started) / r.output_tokens for r in results if r.status == 200 and r.output_tokens]
 
 
-async def wait_idle(server: InferenceServerProcess) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            async with session.get(server.url + "/_sim/stats") as response:
-                data = await response.json()
-            if data["running"] == 0 and data["waiting"] == 0:
-                return
-            await asyncio.sleep(0.1)
+async def server_view(server: InferenceServerProcess) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.get(server.url + "/_sim/stats") as response:
+        return dict(await response.json())
 
 
 def queue_wait_totals() -> tuple[float, float]:
@@ -206,6 +271,21 @@ def queue_wait_totals() -> tuple[float, float]:
     return count, REGISTRY.get_sample_value(name + "_sum", labels) or 0.0
 
 
+async def sample_fill(server: InferenceServerProcess, capacity: int, fills: list[float]) -> None:
+    """Append the server's KV-cache fill (0..1) every 0.5 s until cancelled."""
+    while True:
+        await asyncio.sleep(0.5)
+        fills.append((await server_view(server))["memory_used"] / capacity)
+
+
+async def wait_idle(server: InferenceServerProcess) -> None:
+    for _ in range(1200):
+        data = await server_view(server)
+        if data["running"] == 0 and data["waiting"] == 0:
+            return
+        await asyncio.sleep(0.1)
+
+
 def p95(values: Sequence[float]) -> float:
     if not values:
         return float("nan")
@@ -214,33 +294,223 @@ def p95(values: Sequence[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18]
 
 
-def summarise(results: Sequence[Result], seconds: float, oom_failures: int) -> dict[str, Any]:
+def summarise(results: Sequence[Result], seconds: float, oom_failures: int, cache_fill: float) -> dict[str, Any]:
     window = [r for r in results if r.job.at >= WARMUP_SECONDS]
-    out: dict[str, Any] = {"oom": oom_failures}
-    for tier in ("high", "low"):
+    span = seconds - WARMUP_SECONDS
+    out: dict[str, Any] = {"oom": oom_failures, "cache_fill": cache_fill}
+    for tier in TIERS:
         mine = [r for r in window if r.job.priority == tier]
         ok = [r for r in mine if r.status == 200]
-        shed = [r for r in mine if r.reason is not None]
+        refused = [r for r in mine if r.reason is not None]
+        done = [
+            r for r in results if r.job.priority == tier and r.status == 200 and WARMUP_SECONDS <= r.ended <= seconds
+        ]
         out[tier] = {
             "sent": len(mine),
             "ok": len(ok),
-            "shed": len(shed),
-            "failed": len(mine) - len(ok) - len(shed),
-            "p50": statistics.median([r.ended - r.started for r in ok]) if ok else float("nan"),
-            "p95": p95([r.ended - r.started for r in ok]),
+            "refused": len(refused),
+            "failed": len(mine) - len(ok) - len(refused),
+            "p95_token": p95([(r.ended - r.started) / r.output_tokens for r in ok if r.output_tokens]),
+            "goodput": sum(r.output_tokens for r in done) / span,
         }
     out["reasons"] = dict(Counter(f"{r.job.priority}:{r.reason}" for r in window if r.reason))
-    done = sum(r.output_tokens for r in results if r.status == 200 and WARMUP_SECONDS <= r.ended <= seconds)
-    out["goodput"] = done / (seconds - WARMUP_SECONDS)
+    out["goodput"] = sum(out[tier]["goodput"] for tier in TIERS)
     return out
 
 
+async def run_layer(
+    server: InferenceServerProcess, profile: Profile, jobs: Sequence[Job], output_estimate: str, args: Any
+) -> tuple[list[Result], BackpressureCallback, list[dict[str, Any]], float]:
+    reset_runtime()
+    configure(
+        settings=parse_settings(
+            {
+                "ratebalance": {
+                    "backpressure": {
+                        "tiers": ["low", "high"],
+                        "kv_cache_tokens": profile.spec.memory_tokens,
+                        "output_estimate": output_estimate,
+                        "limit": json.loads(args.limit),
+                        "queue": {"enabled": True, "max_wait_seconds": 10},
+                        "deployments": {"gpu1": {"metrics_url": server.metrics_url}},
+                        **json.loads(args.settings),
+                    }
+                }
+            }
+        ),
+        store=MemoryStore(),
+    )
+    callback = BackpressureCallback()
+    litellm.callbacks = [callback]
+    layered = router_for(server.api_base)
+    # Warm up what the first request through the layer initialises (tokenizer, store, metrics) and let it
+    # learn a little, so the timed run measures the steady state rather than a start-up stall.
+    rng = random.Random(args.seed + 1)
+    warm = [make_job(rng, profile, 0.0, "high", 10**6 + i) for i in range(12)]
+    for start in range(0, len(warm), 3):
+        await asyncio.gather(*(send(layered, job, time.monotonic()) for job in warm[start : start + 3]))
+    await wait_idle(server)
+    await server.reset()
+    samples: list[dict[str, Any]] = []
+    fills: list[float] = []
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            samples.append(dict(callback.snapshot().get("gpu1", {})))
+
+    fill = asyncio.create_task(sample_fill(server, profile.spec.memory_tokens, fills))
+    watchers = [asyncio.create_task(watch()), fill]
+    queue_before = queue_wait_totals()
+    results = await run_open_loop(layered, jobs)
+    for watcher in watchers:
+        watcher.cancel()
+    queued, waited = (after - before for after, before in zip(queue_wait_totals(), queue_before, strict=True))
+    samples.append({"queued": queued, "waited": waited})
+    return results, callback, samples, statistics.fmean(fills) if fills else 0.0
+
+
+async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list[tuple[str, bool]]]:
+    rng = random.Random(args.seed)
+    spec = profile.spec
+    async with InferenceServerProcess(spec) as server:
+        rates = await measure_capacity(server, profile, rng)
+        best_concurrency = max(rates, key=lambda c: rates[c])
+        best = rates[best_concurrency]
+        if best <= 0:
+            raise SystemExit(f"profile {profile.name}: every closed loop ran out of memory; widen closed_loop")
+        answers = [make_job(rng, profile, 0.0, "low", i).answer for i in range(2000)]
+        mean_output = statistics.fmean(answers)
+        rate = OVERLOAD * best / mean_output
+        saved_callbacks = list(litellm.callbacks)
+        litellm.callbacks = []
+        plain = router_for(server.api_base)
+        unloaded = await measure_unloaded(plain, profile, rng)
+        unloaded_p95 = p95(unloaded)
+        jobs = make_jobs(rng, profile, rate, args.seconds, args.high_share)
+        summaries: dict[str, dict[str, Any]] = {}
+        views: dict[str, dict[str, Any]] = {}
+        for mode in args.modes:
+            await wait_idle(server)
+            await server.reset()
+            fills: list[float] = []
+            if mode == "without":
+                litellm.callbacks = []
+                watcher = asyncio.create_task(sample_fill(server, spec.memory_tokens, fills))
+                results = await run_open_loop(plain, jobs)
+                watcher.cancel()
+                fill = statistics.fmean(fills) if fills else 0.0
+            else:
+                results, callback, samples, fill = await run_layer(server, profile, jobs, mode, args)
+                view = callback.snapshot().get("gpu1", {})
+                limits = sorted(int(s["limit"]) for s in samples if "limit" in s)
+                views[mode] = {"limits": limits, "view": view, "queue": samples.pop()}
+                if args.debug:
+                    for sample in samples:
+                        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in sample.items()})
+                await callback.aclose()
+            summaries[mode] = summarise(results, args.seconds, (await server.stats()).oom_failures, fill)
+        litellm.callbacks = saved_callbacks
+
+    high_offered = sum(job.answer for job in jobs if job.priority == "high") / args.seconds
+    print(f"\n=== profile {profile.name} ===")
+    print(
+        f"simulated server: knee {spec.knee}, {spec.step_seconds * 1000:.0f} ms/token, max_num_seqs "
+        f"{spec.max_num_seqs}, KV cache {spec.memory_tokens} tokens; prompts {profile.prompt_tokens[0]}-"
+        f"{profile.prompt_tokens[1]} tokens, answers {spec.answer_tokens[0] if spec.answer_tokens else '?'}-"
+        f"{spec.answer_tokens[1] if spec.answer_tokens else '?'}; max_tokens: 1/3 exact, 1/3 "
+        f"{profile.far_max_tokens}, 1/3 unset"
+    )
+    closed = ", ".join(f"{c}: {r:.0f}" for c, r in rates.items())
+    print(
+        f"best closed loop: {best:.0f} output tokens/s at concurrency {best_concurrency} (tokens/s per "
+        f"concurrency, 0 = OOM: {closed}); nominal knee / step {spec.capacity_tokens_per_second():.0f}"
+    )
+    print(
+        f"unloaded high-priority p95 per output token (concurrency {UNLOADED_CONCURRENCY}): "
+        f"{unloaded_p95 * 1000:.1f} ms over {len(unloaded)} requests"
+    )
+    print(
+        f"overload: {len(jobs)} requests in {args.seconds:.0f}s ({rate:.1f}/s = {OVERLOAD:.0f}x the best closed "
+        f"loop), {args.high_share:.0%} high priority, offering {high_offered:.0f} tokens/s alone "
+        f"({high_offered / best:.0%} of the best closed loop); figures after a {WARMUP_SECONDS:.0f}s warm-up\n"
+    )
+    modes = list(summaries)
+    header = f"{'':30}" + "".join(f"{m:>16}" for m in modes)
+    print(header)
+    print("-" * len(header))
+
+    def row(label: str, values: Sequence[str]) -> None:
+        print(f"{label:30}" + "".join(f"{v:>16}" for v in values))
+
+    row("simulated OOM failures", [str(summaries[m]["oom"]) for m in modes])
+    for tier in TIERS:
+        row(f"{tier}: ok", [f"{summaries[m][tier]['ok']}/{summaries[m][tier]['sent']}" for m in modes])
+        row(
+            f"{tier}: refused (429/503)",
+            [
+                f"{summaries[m][tier]['refused'] / max(1, summaries[m][tier]['sent']):.0%} "
+                f"({summaries[m][tier]['refused']})"
+                for m in modes
+            ],
+        )
+        row(f"{tier}: failed (5xx)", [str(summaries[m][tier]["failed"]) for m in modes])
+        row(
+            f"{tier}: p95 per token",
+            [
+                f"{summaries[m][tier]['p95_token'] * 1000:.1f}ms "
+                f"({summaries[m][tier]['p95_token'] / unloaded_p95:.2f}x)"
+                for m in modes
+            ],
+        )
+        row(f"{tier}: goodput (tokens/s)", [f"{summaries[m][tier]['goodput']:.0f}" for m in modes])
+    row("goodput / best closed loop", [f"{summaries[m]['goodput'] / best:.0%}" for m in modes])
+    row("mean KV-cache fill", [f"{summaries[m]['cache_fill']:.0%}" for m in modes])
+    for mode in modes:
+        print(f"refusal reasons, {mode}: {summaries[mode]['reasons']}")
+    for mode, info in views.items():
+        limits, view = info["limits"], info["view"]
+        if limits:
+            print(
+                f"{mode}: concurrency limit sampled every 0.5s min {limits[0]} / median {limits[len(limits) // 2]} "
+                f"/ max {limits[-1]}; learned output estimate {view.get('output_estimate_tokens') or 0:.0f} tokens; "
+                f"{info['queue']['queued']:.0f} requests waited in the queue, "
+                f"{info['queue']['waited'] / max(1.0, info['queue']['queued']):.2f}s on average"
+            )
+
+    checks: list[tuple[str, bool]] = []
+    if "learned" in summaries:
+        s = summaries["learned"]
+        high_refused = s["high"]["refused"] / max(1, s["high"]["sent"])
+        low_refused = s["low"]["refused"] / max(1, s["low"]["sent"])
+        ratio = s["high"]["p95_token"] / unloaded_p95
+        checks = [
+            (f"{profile.name}: high refused {high_refused:.1%} (target <= 5%)", high_refused <= 0.05),
+            (f"{profile.name}: high p95 per token {ratio:.2f}x unloaded (target <= 1.5x)", ratio <= 1.5),
+            (f"{profile.name}: {s['oom']} simulated OOM failures (target 0)", s["oom"] == 0),
+            (
+                f"{profile.name}: goodput {s['goodput'] / best:.0%} of the best closed loop (target >= 85%)",
+                s["goodput"] >= 0.85 * best,
+            ),
+            (
+                f"{profile.name}: low refused first ({low_refused:.0%} vs high {high_refused:.0%})",
+                low_refused > high_refused,
+            ),
+        ]
+    return {"best": best, "unloaded_p95": unloaded_p95, "summaries": summaries}, checks
+
+
 async def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--profile", choices=["knee", "kv", "both"], default="both")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--seconds", type=float, default=25.0, help="overload duration per mode")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--limit", default="{}", help="JSON of backpressure.limit settings, e.g. '{\"tolerance\": 1.1}'"
+    )
+    parser.add_argument(
+        "--settings", default="{}", help="JSON of further backpressure settings, e.g. '{\"shed_threshold\": 0.8}'"
     )
     parser.add_argument(
         "--high-share", type=float, default=HIGH_SHARE, help="fraction of the overload sent as high priority"
@@ -249,158 +519,21 @@ async def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if not 0.0 < args.high_share < 1.0:
         parser.error(f"--high-share must be between 0 and 1, exclusive (got {args.high_share})")
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(args.modes) - set(MODES))
+    if unknown:
+        parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
     logging.getLogger("LiteLLM").setLevel(logging.CRITICAL)
     litellm.suppress_debug_info = True
-    rng = random.Random(args.seed)
-    bench_started = time.monotonic()
-
-    async with InferenceServerProcess(SPEC) as server:
-        measured, capacity_concurrency = await measure_capacity(server, rng)
-        # The stricter of the two: the engine's nominal decode rate at the knee, or what a closed loop got.
-        nominal = SPEC.capacity_tokens_per_second()
-        capacity = max(measured, nominal)
-        mean_output = 40.0  # the uniform 20..60 of the request mix
-        rate = OVERLOAD * capacity / mean_output
-        saved_callbacks = list(litellm.callbacks)
-        litellm.callbacks = []
-        plain = router_for(server.api_base)
-        unloaded = await measure_unloaded(plain, rng, 96)
-        unloaded_p95 = p95(unloaded)
-        jobs = make_jobs(rng, rate, args.seconds, args.high_share)
-
-        await wait_idle(server)
-        await server.reset()
-        without = summarise(await run_open_loop(plain, jobs), args.seconds, (await server.stats()).oom_failures)
-
-        await wait_idle(server)
-        await server.reset()
-        reset_runtime()
-        configure(
-            settings=parse_settings(
-                {
-                    "ratebalance": {
-                        "backpressure": {
-                            "tiers": ["low", "high"],
-                            "kv_cache_tokens": SPEC.memory_tokens,
-                            "limit": json.loads(args.limit),
-                            "queue": {"enabled": True, "max_wait_seconds": 10},
-                            "deployments": {"gpu1": {"metrics_url": server.metrics_url}},
-                        }
-                    }
-                }
-            ),
-            store=MemoryStore(),
-        )
-        callback = BackpressureCallback()
-        litellm.callbacks = [callback]
-        layered = router_for(server.api_base)
-        # Warm up what the first request through the layer initialises (tokenizer, store, metrics), so the
-        # timed run measures the steady state rather than a start-up stall.
-        await asyncio.gather(*(send(layered, Job(0.0, "high", 300, 5), time.monotonic()) for _ in range(4)))
-        await wait_idle(server)
-        await server.reset()
-        samples: list[dict[str, Any]] = []
-        lags: list[float] = []
-
-        async def watch() -> None:
-            while True:
-                await asyncio.sleep(0.5)
-                samples.append(dict(callback.snapshot().get("gpu1", {})))
-
-        async def loop_lag() -> None:
-            # How late a 10 ms sleep wakes up: the load generator, the Router and the layer share this event
-            # loop (and the machine), and every millisecond of lag is latency no admission policy can remove.
-            while True:
-                started = time.monotonic()
-                await asyncio.sleep(0.01)
-                lags.append(time.monotonic() - started - 0.01)
-
-        queue_before = queue_wait_totals()
-        watchers = [asyncio.create_task(watch()), asyncio.create_task(loop_lag())]
-        results = await run_open_loop(layered, jobs)
-        for watcher in watchers:
-            watcher.cancel()
-        queued, waited = (after - before for after, before in zip(queue_wait_totals(), queue_before, strict=True))
-        with_layer = summarise(results, args.seconds, (await server.stats()).oom_failures)
-        if args.debug:
-            for sample in samples:
-                print(
-                    {k: (round(v, 4) if isinstance(v, float) else v) for k, v in sample.items() if k != "signals"},
-                    sample.get("signals"),
-                )
-        view = callback.snapshot().get("gpu1", {})
-        await callback.aclose()
-        litellm.callbacks = saved_callbacks
-
-    print(
-        f"simulated server: knee {SPEC.knee}, {SPEC.step_seconds * 1000:.0f} ms/token, max_num_seqs "
-        f"{SPEC.max_num_seqs}, KV cache {SPEC.memory_tokens} tokens"
-    )
-    print(
-        f"capacity: {capacity:.0f} output tokens/s (nominal knee / step time {nominal:.0f}; server alone, best "
-        f"closed loop without OOM: {measured:.0f} at concurrency {capacity_concurrency})"
-    )
-    print(f"unloaded high-priority p95 (concurrency 2): {unloaded_p95:.2f}s over {len(unloaded)} requests")
-    print(
-        f"overload: {len(jobs)} requests in {args.seconds:.0f}s ({rate:.1f}/s = {OVERLOAD:.0f}x capacity), "
-        f"{args.high_share:.0%} high priority; figures after a {WARMUP_SECONDS:.0f}s warm-up"
-    )
-    high_jobs = [job for job in jobs if job.priority == "high"]
-    high_offered = sum(job.max_tokens for job in high_jobs) / args.seconds
-    print(
-        f"high tier alone offers {high_offered:.0f} output tokens/s: {high_offered / nominal:.0%} of the nominal "
-        f"capacity, {high_offered / measured:.0%} of the closed-loop best\n"
-    )
-    header = f"{'':24}{'without layer':>16}{'with layer':>16}"
-    print(header)
-    print("-" * len(header))
-
-    def row(label: str, a: str, b: str) -> None:
-        print(f"{label:24}{a:>16}{b:>16}")
-
-    row("simulated OOM failures", str(without["oom"]), str(with_layer["oom"]))
-    for tier in ("high", "low"):
-        for key, label in (("ok", "ok"), ("shed", "shed (429/503)"), ("failed", "failed (5xx)")):
-            row(
-                f"{tier}: {label}",
-                f"{without[tier][key]}/{without[tier]['sent']}",
-                f"{with_layer[tier][key]}/{with_layer[tier]['sent']}",
-            )
-        row(f"{tier}: p50 latency", f"{without[tier]['p50']:.2f}s", f"{with_layer[tier]['p50']:.2f}s")
-        row(f"{tier}: p95 latency", f"{without[tier]['p95']:.2f}s", f"{with_layer[tier]['p95']:.2f}s")
-    row("goodput (tokens/s)", f"{without['goodput']:.0f}", f"{with_layer['goodput']:.0f}")
-    row("goodput / capacity", f"{without['goodput'] / capacity:.0%}", f"{with_layer['goodput'] / capacity:.0%}")
-    print(f"shed reasons with the layer: {with_layer['reasons']}")
-    print(
-        f"queued with the layer: {queued:.0f} requests waited for a slot, {waited / max(1.0, queued):.2f}s on "
-        f"average; event-loop lag p95 {p95(lags) * 1000:.0f} ms, max {max(lags, default=0.0) * 1000:.0f} ms"
-    )
-    limits = sorted(int(sample["limit"]) for sample in samples if "limit" in sample)
-    if limits:
-        print(
-            f"\nlayer's concurrency limit, sampled every 0.5s: min {limits[0]}, median "
-            f"{limits[len(limits) // 2]}, max {limits[-1]} (knee {SPEC.knee}); final view: limit "
-            f"{view.get('limit')}, mean latency {view.get('mean_latency_seconds') or 0:.2f}s"
-        )
-
-    high_ratio = with_layer["high"]["p95"] / unloaded_p95
-    shed_rate = {t: with_layer[t]["shed"] / max(1, with_layer[t]["sent"]) for t in ("high", "low")}
-    checks = [
-        ("zero simulated OOM failures with the layer", with_layer["oom"] == 0),
-        (f"high-priority p95 {high_ratio:.2f}x unloaded (target <= 1.5x)", high_ratio <= 1.5),
-        (
-            f"low tier shed first (low {shed_rate['low']:.0%} vs high {shed_rate['high']:.0%} of requests)",
-            shed_rate["low"] > shed_rate["high"],
-        ),
-        (
-            f"goodput {with_layer['goodput'] / capacity:.0%} of capacity (target >= 90%)",
-            with_layer["goodput"] >= 0.9 * capacity,
-        ),
-    ]
+    started = time.monotonic()
+    checks: list[tuple[str, bool]] = []
+    for name in ("knee", "kv") if args.profile == "both" else (args.profile,):
+        _, profile_checks = await run_profile(PROFILES[name], args)
+        checks += profile_checks
     print()
     for label, ok in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {label}")
-    print(f"\n(bench took {time.monotonic() - bench_started:.0f}s)")
+    print(f"\n(bench took {time.monotonic() - started:.0f}s)")
     return 0 if all(ok for _, ok in checks) else 1
 
 
