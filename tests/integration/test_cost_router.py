@@ -32,7 +32,7 @@ from litellm_ratebalance.store import MemoryStore
 P = "litellm_ratebalance_"
 GPU_HOUR_USD = 7.2
 GPUS = 2.0
-# Team and feature names of this test only: the Prometheus registry is shared by the test session.
+# Team and feature names of this test only: the Prometheus registry is shared by every test in the process.
 PROD = UserAPIKeyAuth(
     token="k-cost-prod",
     team_id="team-cost-prod",
