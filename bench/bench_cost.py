@@ -16,8 +16,9 @@ view only (the requests in flight on the deployment, the shared sharing clock), 
 reads ``litellm_ratebalance_gpu_seconds_total`` per tier and compares.
 
 Target: attributed within 10% of the truth for every tier of every profile. Also printed: the totals against
-the engine's busy time, and GPU-seconds per 1k output tokens as ``litellm-ratebalance status`` shows it (the
-store's decayed sums) against the truth's.
+the engine's busy time, GPU-seconds per 1k output tokens as ``litellm-ratebalance status`` shows it (the
+store's decayed sums) against the truth's, and, for comparison, the true total split by each tier's output
+tokens (what charging per output token would give).
 
 ``python bench/bench_cost.py [--seconds 25] [--seed 7] [--high-share 0.2] [--profiles knee,kv]
 [--redis-url redis://...]`` (``--redis-url``: the shared state in that Redis, through the Lua scripts, instead
@@ -376,6 +377,16 @@ def report(outcome: Outcome, args: Any) -> list[tuple[str, bool]]:
         f"\nGPU-seconds per 1k output tokens: status shows {'-' if shown is None else f'{shown:.3f}'} (the "
         f"store's decayed sums), truth {true_per_1k:.3f} ({total_truth:.2f} GPU-s / {output_tokens} output tokens)"
     )
+    # The alternative a per-token price amounts to: the true total split by the tiers' output tokens (generous:
+    # it is handed the true total). Requests that failed or produced little still used the GPU.
+    if output_tokens:
+        split = ", ".join(
+            f"{tier} {total_truth * outcome.counts[tier]['tokens'] / output_tokens:.2f} "
+            f"({(total_truth * outcome.counts[tier]['tokens'] / output_tokens - truth[tier]) / truth[tier]:+.1%})"
+            for tier in TIERS
+            if truth[tier] > 0
+        )
+        print(f"for comparison, the true total split by output tokens: {split}")
     return checks
 
 

@@ -10,14 +10,15 @@ Two paths:
   request's slot (its lease): :meth:`CostMeter.lease_started` right after the lease is taken marks the start
   on the deployment's shared sharing clock, :meth:`CostMeter.lease_usage` notes the response's tokens, and
   :meth:`CostMeter.lease_ended` right after the lease is released marks the end, which returns the request's
-  GPU-seconds (:mod:`litellm_ratebalance.attribution.sharing`). One store round trip at each end.
+  GPU-seconds (:mod:`litellm_ratebalance.attribution.sharing`). One store round trip at each end: the start's
+  runs beside the request, the end's after the slot is given back.
 * **API deployments.** :class:`CostCallback`'s success event adds LiteLLM's ``response_cost`` (USD) of every call
   that was not served by a local deployment.
 
 Series (labels ``priority``, ``team``, ``feature`` resolved as in :mod:`litellm_ratebalance.attribution.labels`):
 ``gpu_seconds_total{deployment,...}``, ``cost_usd_total{...,source}`` (``api``; ``gpu`` when a GPU-hour price is
 configured) and ``cost_tokens_total{...,kind}`` (local requests' backpressure reservation, ``reserved``: prompt +
-max_tokens, against what they ``used``: prompt + output tokens).
+output estimate, against what they ``used``: prompt + output tokens).
 
 Accounting never refuses or delays a request beyond its store round trips: a store fault is counted
 (``store_errors_total{component="cost"}``), logged at most once per interval, and that request goes unmetered.
@@ -25,6 +26,7 @@ Accounting never refuses or delays a request beyond its store round trips: a sto
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -81,7 +83,8 @@ class _Open:
     """A local request between its start and end marks."""
 
     deployment_id: str
-    start: Mark
+    start: asyncio.Task[Mark | None]
+    """The start mark, taken in a task of its own (``None``: the store failed)."""
     opened: float
     """Monotonic seconds (for pruning entries whose end never came)."""
     prompt_tokens: int | None = None
@@ -188,20 +191,32 @@ class CostMeter:
 
     # -- local deployments ------------------------------------------------------------------------------
     async def lease_started(self, deployment_id: str, lease_id: str) -> None:
-        """Backpressure took ``lease_id`` on ``deployment_id``: mark the request's start."""
+        """Backpressure took ``lease_id`` on ``deployment_id``: mark the request's start.
+
+        Never suspends: the mark's round trip runs in a task of its own, started now (its Redis time is read
+        when it runs, within a turn of the loop). Awaiting it here would put a cancellation point between
+        taking the slot and the caller's bookkeeping of it, and a request cancelled there would hold its slot.
+        """
         derived = self._current()
         if derived is None:
             return
         self._local.add(deployment_id)
         self._prune(derived.settings)
+        task = asyncio.get_running_loop().create_task(self._mark_start(deployment_id, derived))
+        self._open[lease_id] = _Open(deployment_id, task, self._clock())
+
+    async def _mark_start(self, deployment_id: str, derived: _Derived) -> Mark | None:
         half_life_ms, ttl_ms = self._durations(derived.settings.ratebalance.cost)
         runtime = get_runtime()
         try:
-            mark = await runtime.store().cost_start(deployment_id, half_life_ms=half_life_ms, ttl_ms=ttl_ms)
+            started = await runtime.store().cost_start(deployment_id, half_life_ms=half_life_ms, ttl_ms=ttl_ms)
         except StoreError as exc:
             runtime.faults.record(_COMPONENT, exc, derived.fault_settings)
-            return
-        self._open[lease_id] = _Open(deployment_id, mark.mark, self._clock())
+            return None
+        except Exception:
+            logger.exception("litellm_ratebalance cost: start mark failed; the request goes unmetered")
+            return None
+        return started.mark
 
     def lease_usage(self, lease_id: str, response: Any) -> None:
         """The response of ``lease_id``'s request arrived: note its prompt and output tokens."""
@@ -214,10 +229,22 @@ class CostMeter:
 
         ``request``: the kwargs of the attempt that held the lease (for its caller's identity; anything else
         reads as no identity);
-        ``reserved_tokens``: what backpressure reserved for it (prompt + max_tokens estimate)."""
+        ``reserved_tokens``: what backpressure reserved for it (prompt + output estimate). Never raises: a fault
+        or a bug here leaves the request unmetered, not the caller's release undone."""
         entry = self._open.pop(lease_id, None)
         derived = self._current()
         if entry is None or derived is None:
+            return
+        try:
+            await self._end(deployment_id, entry, request, reserved_tokens, derived)
+        except Exception:
+            logger.exception("litellm_ratebalance cost: end mark failed; the request goes unmetered")
+
+    async def _end(
+        self, deployment_id: str, entry: _Open, request: object, reserved_tokens: int, derived: _Derived
+    ) -> None:
+        start = await entry.start  # done long before, as a rule: the request ran in between
+        if start is None:
             return
         cost = derived.settings.ratebalance.cost
         half_life_ms, ttl_ms = self._durations(cost)
@@ -225,7 +252,7 @@ class CostMeter:
         try:
             end = await runtime.store().cost_end(
                 deployment_id,
-                entry.start,
+                start,
                 gpus=cost.deployment_gpus(deployment_id),
                 output_tokens=entry.output_tokens or 0,
                 half_life_ms=half_life_ms,
