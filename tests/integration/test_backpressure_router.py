@@ -426,3 +426,28 @@ async def test_top_tier_waits_for_memory_and_lower_tiers_are_refused_meanwhile(h
     assert [outcome(r) for r in await asyncio.gather(*lows)] == [(200, None)] * 2
     assert server.stats.oom_failures == 0
     assert server.stats.peak_memory_tokens <= 1900
+
+
+@pytest.mark.parametrize("mode", ["learned", "max_tokens"])
+async def test_a_request_reserves_the_learned_output_not_its_max_tokens(harness: Harness, mode: str) -> None:
+    router, callback, _ = await harness(
+        {"kv_cache_tokens": 1000, "output_estimate": mode, "queue": {"enabled": True}},
+        # 10 ms per token: the last request stays in flight ~0.2 s, long enough to be seen there.
+        [ServerSpec(knee=16, step_seconds=0.01, memory_tokens=4096, answer_tokens=(20, 20))],
+    )
+    # Twelve answers of 20 tokens teach the estimate (10 are needed before it replaces the default).
+    for i in range(12):
+        assert outcome(await call(router, max_tokens=40, key=f"k{i}")) == (200, None)
+    await settle(callback)
+    # max_tokens 900: prompt + 900 passes the top tier's 950-token cap of the 1,000-token cache...
+    task = asyncio.create_task(call(router, max_tokens=900))
+    if mode == "max_tokens":
+        result = await task
+        assert outcome(result) == (503, "memory_pressure")
+        assert getattr(result, "headers", {})["x-litellm-backpressure-advice"] == "reroute"
+        return
+    # ...but the learned answer is 20 tokens: admitted, holding prompt + 20.
+    assert callback.snapshot()["gpu1"]["output_estimate_tokens"] == pytest.approx(20.0)
+    await _until(lambda: callback.snapshot()["gpu1"]["inflight"] == 1, "the request admitted")
+    assert 20 < callback.snapshot()["gpu1"]["reserved_tokens"] < 200
+    assert outcome(await task) == (200, None)
