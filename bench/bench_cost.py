@@ -301,7 +301,6 @@ async def run_profile(profile: Profile, args: Any) -> Outcome:
         await server.reset()
         # A fresh store for the measured run: the warm-up's requests (alone, holding their slot through the
         # proxy's one-off start-up work) stay out of the efficiency sums that status reads.
-        await warmup_store.aclose()
         store = await make_store(args.redis_url, profile.name)
         configure(store=store)
         before = {tier: attributed(tier) for tier in TIERS}
@@ -321,6 +320,7 @@ async def run_profile(profile: Profile, args: Any) -> Outcome:
         await callback.aclose()
         litellm.callbacks = saved_callbacks
         await store.aclose()
+        await warmup_store.aclose()  # (not earlier: the maintenance task may still be renewing through it)
 
     counts: dict[str, dict[str, int]] = {tier: {"ok": 0, "refused": 0, "failed": 0, "tokens": 0} for tier in TIERS}
     for tier, status, tokens in results:
