@@ -362,14 +362,24 @@ async def run_layer(
             await asyncio.sleep(0.5)
             samples.append(dict(callback.snapshot().get("gpu1", {})))
 
+    lags: list[float] = []
+
+    async def loop_lag() -> None:
+        # How late a 10 ms sleep wakes up: the load generator, the Router and the layer share this event loop
+        # (and the machine), and every millisecond of lag is latency no admission policy can remove.
+        while True:
+            started = time.monotonic()
+            await asyncio.sleep(0.01)
+            lags.append(time.monotonic() - started - 0.01)
+
     fill = asyncio.create_task(sample_fill(server, profile.spec.memory_tokens, fills))
-    watchers = [asyncio.create_task(watch()), fill]
+    watchers = [asyncio.create_task(watch()), fill, asyncio.create_task(loop_lag())]
     queue_before = queue_wait_totals()
     results = await run_open_loop(layered, jobs)
     for watcher in watchers:
         watcher.cancel()
     queued, waited = (after - before for after, before in zip(queue_wait_totals(), queue_before, strict=True))
-    samples.append({"queued": queued, "waited": waited})
+    samples.append({"queued": queued, "waited": waited, "lag_p95": p95(lags), "load": os.getloadavg()[0]})
     return results, callback, samples, statistics.fmean(fills) if fills else 0.0
 
 
@@ -478,7 +488,8 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
                 f"{mode}: concurrency limit sampled every 0.5s min {limits[0]} / median {limits[len(limits) // 2]} "
                 f"/ max {limits[-1]}; learned output estimate {view.get('output_estimate_tokens') or 0:.0f} tokens; "
                 f"{info['queue']['queued']:.0f} requests waited in the queue, "
-                f"{info['queue']['waited'] / max(1.0, info['queue']['queued']):.2f}s on average"
+                f"{info['queue']['waited'] / max(1.0, info['queue']['queued']):.2f}s on average; event-loop lag p95 "
+                f"{info['queue']['lag_p95'] * 1000:.0f} ms; machine load average {info['queue']['load']:.1f}"
             )
 
     checks: list[tuple[str, bool]] = []
