@@ -76,6 +76,14 @@ ROWS: dict[str, Row] = {
             f"{BAD}.backpressure.shed_treshold: {UNKNOWN}",
         ),
     ),
+    "cost": Row(
+        "litellm_ratebalance.cost",
+        {"cost": {"gpus": 0, "gpu_hour_price": 2.5}},
+        (
+            f"{BAD}.cost.gpus: must be more than 0.0 and at most 100000.0 (got 0)",
+            f"{BAD}.cost.gpu_hour_price: {UNKNOWN}",
+        ),
+    ),
     "traffic_contracts-with-a-bad-backpressure-setting": Row(
         "litellm_ratebalance.traffic_contracts",
         {"backpressure": {"hard_threshold": 2}},
