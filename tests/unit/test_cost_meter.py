@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from litellm.proxy._types import UserAPIKeyAuth
+from prometheus_client import REGISTRY
 
 from litellm_ratebalance.proxy.cost import CostMeter
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
@@ -100,3 +101,39 @@ async def test_entries_whose_end_never_came_are_forgotten_after_the_lease_max_ag
     clock.now += 61
     await meter.lease_started("gpu1", "next")
     assert meter.open_requests == 1  # "lost" is gone, "next" is open
+
+
+async def test_two_replicas_share_one_deployments_busy_time_through_the_store(clock: Clock) -> None:
+    """Two meters (two proxy replicas) on one store: each request's share counts the other replica's requests."""
+    store = MemoryStore(clock=clock)
+    configure(settings=parse_settings({"ratebalance": {"backpressure": {"tiers": ["dev", "prod"]}}}), store=store)
+    replica_a, replica_b = CostMeter(clock=clock), CostMeter(clock=clock)
+
+    async def start(meter: CostMeter, lease: str) -> None:
+        await store.lease_acquire("gpu1", lease, slot_cap=8, ttl_ms=600_000)
+        await meter.lease_started("gpu1", lease)
+        for _ in range(5):  # the start mark's task runs now, at this store time
+            await asyncio.sleep(0)
+
+    async def end(meter: CostMeter, lease: str, priority: str) -> None:
+        await store.lease_release("gpu1", lease)
+        meter.lease_usage(lease, SimpleNamespace(usage=SimpleNamespace(prompt_tokens=1, completion_tokens=1)))
+        await meter.lease_ended("gpu1", lease, request(priority), 2)
+
+    gpu = "litellm_ratebalance_gpu_seconds_total"
+    labels = {"deployment": "gpu1", "team": "none", "feature": "unassigned"}
+    before = {p: REGISTRY.get_sample_value(gpu, {**labels, "priority": p}) or 0.0 for p in ("prod", "dev")}
+    await start(replica_a, "a")  # t=100
+    clock.now += 1.0
+    await start(replica_b, "b")  # t=101: two in flight, one on each replica
+    clock.now += 2.0
+    await end(replica_a, "a", "prod")  # t=103: a had 1 s alone and 2 s shared
+    clock.now += 3.0
+    await end(replica_b, "b", "dev")  # t=106: b had 2 s shared and 3 s alone
+    charged = {p: (REGISTRY.get_sample_value(gpu, {**labels, "priority": p}) or 0.0) - before[p] for p in before}
+    assert charged["prod"] == pytest.approx(1.0 + 2.0 / 2)
+    assert charged["dev"] == pytest.approx(2.0 / 2 + 3.0)
+    efficiency = await store.cost_efficiency("gpu1", half_life_ms=600_000)
+    assert efficiency is not None
+    # 6 s busy in all, whichever replica served what (the 3 s decay between the ends is ~0.3%).
+    assert efficiency.gpu_seconds == pytest.approx(6.0, rel=5e-3)
