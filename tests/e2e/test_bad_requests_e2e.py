@@ -247,7 +247,7 @@ def test_an_invalid_setting_stops_the_proxy_with_status_78_and_the_key_path() ->
     status, log = _start_and_wait_for_exit(config, "badconfig")
     assert status == EXIT_CONFIG == 78, log[-3000:]
     assert "litellm_ratebalance: refusing to start, invalid configuration:" in log
-    assert "litellm_settings.ratebalance.fail_mode: must be 'open' or 'closed' (got 'sometimes')" in log
+    assert "litellm_settings.ratebalance.fail_mode: must be 'open', 'closed' or 'local' (got 'sometimes')" in log
     assert "litellm_settings.ratebalance.limiter.window_seconds: must be between 1 and 3600 (got 0)" in log
 
 
