@@ -17,8 +17,10 @@ Definitions:
   1. a server signal (memory, compute, server queue) at or above ``θ`` -> shed (503, that signal's reason);
   2. token-aware check, where a KV-cache capacity ``C`` is known: tokens held = the larger of the
      reservations in flight (prompt + the output reserved for each, see :mod:`.output`) and the measured
-     KV-cache usage x ``C``; if held + this request's cost would exceed ``θ x C`` -> shed (503
-     ``memory_pressure``); a request whose cost alone exceeds ``θ x C`` can never fit (advice ``reroute``);
+     KV-cache usage x ``C``; if held + this request's cost would exceed the tier's token cap -> shed (503
+     ``memory_pressure``); a request whose cost alone exceeds it can never fit (advice ``reroute``). The
+     token cap is ``θ x C``; below the highest tier, at most ``hard x C - headroom_tokens``: one typical
+     request's worth of the cache always stays for the tiers above, as one slot does in 3.;
   3. concurrency: the highest tier may fill every slot of the limit; at the limit it gets 429
      ``concurrency_limit`` (or waits in the queue where one is enabled). A lower tier may take a slot while
      the concurrency signal, ``in flight / limit``, is below ``θ`` (judged before the admission, as the
@@ -207,16 +209,21 @@ def decide(
     reserved_tokens: int = 0,
     kv_cache_tokens: int | None = None,
     waiting_rank: int | None = None,
+    headroom_tokens: int = 0,
 ) -> Verdict:
     """Decide one request of tier ``rank`` against one deployment (see the module docstring).
 
     ``server_signals``: the measured signals other than ``concurrency`` (which is ``inflight / limit``).
     ``waiting_rank``: the highest tier of the requests waiting in this deployment's queue (``None``: none).
+    ``headroom_tokens``: the KV-cache tokens a tier below the highest leaves for the tiers above (the
+    tokens of a typical request), so a top-tier request finds room without waiting for a lower one to end.
     """
     top = n_tiers <= 1 or rank >= n_tiers - 1
     threshold = tier_threshold(rank, n_tiers, shed_threshold, hard_threshold)
     slots = tier_slots(rank, n_tiers, limit, shed_threshold, hard_threshold)
     token_cap = None if kv_cache_tokens is None else math.floor(threshold * kv_cache_tokens)
+    if token_cap is not None and kv_cache_tokens is not None and not top and headroom_tokens > 0:
+        token_cap = max(0, min(token_cap, math.floor(hard_threshold * kv_cache_tokens) - headroom_tokens))
     signals = dict(server_signals)
     signals["concurrency"] = inflight / limit if limit > 0 else 1.0
     overall = worst_signal(signals)

@@ -106,6 +106,7 @@ async def _try_lease(
     if result.acquired:
         lease = Lease(lease_id, state.deployment_id, call_id, profile, cost, time.time(), ctx.clock())
         ctx.hold(state, lease)
+        state.note_cost(cost)
         gauges(ctx, state)
         await cost_meter().lease_started(state.deployment_id, lease_id)  # cost: the request's start mark
         return lease

@@ -84,6 +84,7 @@ class DeploymentState:
         "output",
         "queue",
         "reserved_tokens",
+        "typical_cost",
         "wake",
     )
 
@@ -112,6 +113,15 @@ class DeploymentState:
         self.wake = asyncio.Event()
         self.dispatcher: asyncio.Task[None] | None = None
         self.output = OutputEstimate()
+        self.typical_cost = 0.0
+        """Moving average of the tokens the requests admitted here reserved (the headroom a lower tier
+        leaves for the tiers above: one typical request)."""
+
+    def note_cost(self, cost: int) -> None:
+        """Fold an admitted request's reservation into :attr:`typical_cost` (weight 0.1: ~10 requests)."""
+        self.typical_cost = (
+            float(cost) if self.typical_cost <= 0 else self.typical_cost + 0.1 * (cost - self.typical_cost)
+        )
 
     @property
     def deployment_id(self) -> str:
@@ -226,6 +236,7 @@ class Context:
             reserved_tokens=state.reserved_tokens,
             kv_cache_tokens=state.config.kv_cache_tokens,
             waiting_rank=None if queued else state.queue.top_rank(),
+            headroom_tokens=math.ceil(state.typical_cost),
         )
 
     def queue_depth(self, state: DeploymentState) -> int:

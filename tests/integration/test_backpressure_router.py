@@ -412,11 +412,12 @@ async def test_top_tier_waits_for_memory_and_lower_tiers_are_refused_meanwhile(h
         },
         [ServerSpec(knee=16, step_seconds=0.002, memory_tokens=2000)],
     )
-    # Two low requests reserve ~2 x 700 of the low tier's 1700 tokens.
-    lows = [asyncio.create_task(call(router, "low", max_tokens=600, key=f"l{i}")) for i in range(2)]
+    # Two low requests reserve ~2 x 460 tokens (prompt ~60 by LiteLLM's count + 400), within the low tier's
+    # cap: 1700, less one typical request (~460) kept for the tier above.
+    lows = [asyncio.create_task(call(router, "low", max_tokens=400, key=f"l{i}")) for i in range(2)]
     await _until(lambda: callback.snapshot().get("gpu1", {}).get("inflight") == 2, "both low requests admitted")
-    # A high request needs 700 more: 2100 > 1900, its tier's cap. It waits instead of a 503...
-    high = asyncio.create_task(call(router, "high", max_tokens=600, key="h"))
+    # A high request needs ~1060 more: past 1900, its tier's cap. It waits instead of a 503...
+    high = asyncio.create_task(call(router, "high", max_tokens=1000, key="h"))
     await _until(lambda: callback.snapshot()["gpu1"]["queue_depth"] == 1, "the high request waiting")
     # ...and a small low request, which would fit under the low tier's cap, is refused while it waits.
     small = await call(router, "low", max_tokens=10, key="s")

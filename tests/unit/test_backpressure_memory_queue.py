@@ -130,3 +130,16 @@ def test_learned_output_follows_a_change_of_answers() -> None:
     learned = estimate.estimate()
     assert learned is not None and learned < 20  # the old answers were halved away
     assert estimate.samples < DECAY_AT_SAMPLES
+
+
+def test_lower_tiers_leave_one_typical_request_of_memory_for_the_tiers_above() -> None:
+    # Without headroom the low tier may reserve up to 0.85 x 3000 = 2550 tokens.
+    assert verdict(0, reserved_tokens=2000, cost_tokens=500).admitted
+    # A typical request of 600 tokens: the low tier stops at 0.95 x 3000 - 600 = 2250...
+    held_back = verdict(0, reserved_tokens=2000, cost_tokens=500, headroom_tokens=600)
+    assert (held_back.admitted, held_back.reason, held_back.token_cap) == (False, Reason.MEMORY_PRESSURE, 2250)
+    # ...so the top tier finds its 600 tokens without waiting for a low request to end.
+    assert verdict(1, reserved_tokens=2250, cost_tokens=600, headroom_tokens=600).admitted
+    # The headroom never lifts a tier above its own threshold, and a small one changes nothing.
+    assert verdict(0, headroom_tokens=100).token_cap == 2550
+    assert verdict(0, headroom_tokens=5000).token_cap == 0
