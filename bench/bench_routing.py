@@ -740,13 +740,17 @@ def targets_across_seeds(names: Sequence[str], by_seed: dict[int, dict[str, list
         best_p95 = min(avg(b, "p95_latency") for b in BUILT_INS if b in averages)
         n = len(per_seed)
         oracle_needed = name in ("stable-heterogeneous", "drift")
-        oracle_ratio = avg("ours", "mean_rate") / avg("oracle", "mean_rate")
+        oracle_ratio = avg("ours", "mean_rate") / avg("oracle", "mean_rate") if "oracle" in averages else math.nan
+        if "oracle" not in averages:
+            oracle_cell = "- | oracle not run"
+        else:
+            oracle_cell = f"{oracle_ratio:.2f} | " + (
+                f"{sum(r[2] >= 0.85 for r in per_seed)}/{n} (target >= 0.85)" if oracle_needed else "no target"
+            )
         lines.append(
             f"| {name} | {avg('ours', 'mean_rate') / best_mean:.2f} | {sum(r[0] > 1 for r in per_seed)}/{n} "
             f"| {avg('ours', 'p95_latency') / best_p95:.2f} | {sum(r[1] < 1 for r in per_seed)}/{n} "
-            f"| {oracle_ratio:.2f} | "
-            + (f"{sum(r[2] >= 0.85 for r in per_seed)}/{n} (target >= 0.85)" if oracle_needed else "no target")
-            + " |"
+            f"| {oracle_cell}" + " |"
         )
     return lines
 
@@ -765,7 +769,7 @@ def per_seed_table(names: Sequence[str], by_seed: dict[int, dict[str, list[Run]]
     the best built-in of that seed (a ratio to least-busy under the target is marked MISS)."""
     strategies = [
         s
-        for s in (*OURS, *BUILT_INS, "oracle")
+        for s in (*OURS, "ours-slots", *BUILT_INS, "oracle")
         if any(r.strategy == s for rb in by_seed.values() for runs in rb.values() for r in runs)
     ]
     ours = [s for s in OURS if s in strategies]
