@@ -301,6 +301,10 @@ class _StrategyRecorder(CustomLogger):  # type: ignore[misc]
     def __init__(self, strategy: RateBalancedRouting) -> None:
         super().__init__()
         self._strategy = strategy
+        # LiteLLM refuses a logger whose class and public str/bool/int fields equal those of one already
+        # registered: without a field of its own, the recorder of a second strategy in the process (two
+        # Routers) would be taken for the first one's and never added.
+        self.strategy_id = f"{id(strategy):x}"
 
     async def async_post_call_success_deployment_hook(
         self, request_data: dict[str, Any], response: Any, call_type: Any

@@ -137,6 +137,22 @@ async def test_sdk_strategy_set_the_litellm_way_registers_its_recorder_at_its_fi
     assert litellm.callbacks == [other]
 
 
+async def test_two_sdk_strategies_in_one_process_each_register_their_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
+    import litellm
+
+    monkeypatch.setattr(litellm, "callbacks", [])
+    strategies = []
+    for _ in range(2):
+        router = _HealthyRouter()
+        balancer, _ = make_balancer()
+        strategy = RateBalancedRouting(router, balancer=balancer)
+        router.set_custom_routing_strategy(strategy)
+        await router.async_get_available_deployment(model="g", request_kwargs={})
+        strategies.append(strategy)
+    # LiteLLM's duplicate check (class name and public fields) must not take the second for the first.
+    assert litellm.callbacks == [strategies[0].recorder, strategies[1].recorder]
+
+
 async def test_sdk_strategy_warns_once_when_litellm_refuses_its_recorder(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
