@@ -25,7 +25,7 @@ from litellm_ratebalance.cli import main
 from litellm_ratebalance.simulate.inference_server import ServerSpec
 from tests.e2e.conftest import StartProxies, proxies
 from tests.e2e.harness import LiteLLMProxy, chat_body
-from tests.servers import RedisServer
+from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 
@@ -74,6 +74,9 @@ def proxy(proxies: StartProxies, inference_server: str, redis_server: RedisServe
             "require_auth_for_metrics_endpoint": False,
             "ratebalance": {
                 "key_prefix": "rbcoste2e",
+                # Labels and sums are checked here, not latency: a store call that waits on a loaded machine
+                # must not time out and leave its request unmetered.
+                "store_timeout_seconds": EXACT_COUNT_TIMEOUT_SECONDS,
                 "backpressure": {"tiers": ["dev", "prod"]},
                 "cost": {"gpu_hour_usd": GPU_HOUR_USD},
             },
@@ -117,11 +120,20 @@ def test_costs_reach_metrics_with_the_callers_labels_and_status_reads_them(
     prod = {"priority": "prod", "team": "team-prod", "feature": "unassigned"}
     dev = {"priority": "dev", "team": "none", "feature": "unassigned"}
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for _ in range(50):  # the API call's cost arrives with LiteLLM's success event, after the response
+    # Every series arrives after its response: the API call's cost with LiteLLM's success event, the GPU time
+    # with the end mark that follows the lease's release. Wait for all of them (a loaded machine can lag).
+    for _ in range(100):
         samples = scrape(proxy)
-        if sample(samples, "cost_usd_total", **prod, source="api") > 0:
+        arrived = (
+            sample(samples, "cost_usd_total", **prod, source="api"),
+            sample(samples, "gpu_seconds_total", deployment="gpu-cost", **prod),
+            sample(samples, "gpu_seconds_total", deployment="gpu-cost", **dev),
+        )
+        if all(value > 0 for value in arrived):
             break
         time.sleep(0.2)
+    faults = [line for line in proxy.log_text().splitlines() if "store error" in line]
+    assert not faults, faults  # a store fault leaves its request unmetered, by design: not this test's case
 
     prod_gpu = sample(samples, "gpu_seconds_total", deployment="gpu-cost", **prod)
     assert prod_gpu > 0
