@@ -87,6 +87,7 @@ async def _try_lease(
     lease_id = uuid.uuid4().hex
     cost = ctx.cost(state, profile)
     runtime = get_runtime()
+    meter = cost_meter()
     try:
         result = await runtime.store().lease_acquire(
             state.deployment_id,
@@ -95,6 +96,7 @@ async def _try_lease(
             ttl_ms=int(ctx.settings.lease_ttl_seconds * 1000),
             cost_tokens=cost,
             token_cap=verdict.lease_token_cap,
+            meter=meter.start_mark(state.deployment_id),  # cost: the start mark rides on the acquire
         )
     except StoreError as exc:
         if runtime.faults.record(COMPONENT, exc, runtime.settings()):
@@ -108,7 +110,7 @@ async def _try_lease(
         ctx.hold(state, lease)
         state.note_cost(cost)
         gauges(ctx, state)
-        await cost_meter().lease_started(state.deployment_id, lease_id)  # cost: the request's start mark
+        meter.lease_started(state.deployment_id, lease_id, result.cost)
         return lease
     fresh = ctx.decide(state, profile, queued=True)
     if not fresh.admitted:
@@ -215,17 +217,22 @@ async def release(ctx: Context, lease: Lease) -> None:
     if state is None:
         return
     runtime = get_runtime()
+    meter = cost_meter()
+    end_mark = None
     try:
-        snapshot = await runtime.store().lease_release(lease.deployment_id, lease.lease_id)
+        # cost: the end mark rides on the release (the count from then on excludes this request)
+        snapshot = await runtime.store().lease_release(
+            lease.deployment_id, lease.lease_id, meter.end_mark(lease.lease_id)
+        )
         state.counts(snapshot.inflight, snapshot.reserved_tokens, ctx.clock())
+        end_mark = snapshot.cost
     except StoreError as exc:
         # Not renewed any more: the lease lapses after its TTL even if this release never lands.
         runtime.faults.record(COMPONENT, exc, runtime.settings())
         state.counts(state.inflight - 1, state.reserved_tokens - lease.cost, state.counted_at)
     state.wake.set()
     gauges(ctx, state)
-    # cost: the end mark, after the release (the count from now on excludes this request)
-    await cost_meter().lease_ended(lease.deployment_id, lease.lease_id, lease.attempt, lease.cost)
+    meter.lease_ended(lease.lease_id, lease.attempt, lease.cost, end_mark)
 
 
 def release_if_cancelled(ctx: Context, lease: Lease) -> None:

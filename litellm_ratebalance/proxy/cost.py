@@ -6,12 +6,12 @@ under ``litellm_settings.ratebalance.cost``. See docs/cost.md.
 
 Two paths:
 
-* **Local deployments.** Backpressure calls the process-wide :class:`CostMeter` where it takes and gives back a
-  request's slot (its lease): :meth:`CostMeter.lease_started` right after the lease is taken marks the start
-  on the deployment's shared sharing clock, :meth:`CostMeter.lease_usage` notes the response's tokens, and
-  :meth:`CostMeter.lease_ended` right after the lease is released marks the end, which returns the request's
-  GPU-seconds (:mod:`litellm_ratebalance.attribution.sharing`). One store round trip at each end: the start's
-  runs beside the request, the end's after the slot is given back.
+* **Local deployments.** Backpressure asks the process-wide :class:`CostMeter` what to mark when it takes and
+  gives back a request's slot (its lease), and the store marks it in the same atomic step
+  (:mod:`litellm_ratebalance.store.metering`; no round trip of its own): :meth:`CostMeter.start_mark` before
+  the acquire, :meth:`CostMeter.lease_started` with the start mark it returned, :meth:`CostMeter.lease_usage`
+  with the response's tokens, :meth:`CostMeter.end_mark` before the release and :meth:`CostMeter.lease_ended`
+  with the end mark, which carries the request's GPU-seconds (:mod:`litellm_ratebalance.attribution.sharing`).
 * **API deployments.** :class:`CostCallback`'s success event adds LiteLLM's ``response_cost`` (USD) of every call
   that was not served by a local deployment.
 
@@ -20,13 +20,12 @@ Series (labels ``priority``, ``team``, ``feature`` resolved as in :mod:`litellm_
 configured) and ``cost_tokens_total{...,kind}`` (local requests' backpressure reservation, ``reserved``: prompt +
 output estimate, against what they ``used``: prompt + output tokens).
 
-Accounting never refuses or delays a request beyond its store round trips: a store fault is counted
-(``store_errors_total{component="cost"}``), logged at most once per interval, and that request goes unmetered.
+Accounting never refuses or delays a request: a store fault on the lease operations is backpressure's (its
+fail mode), and that request goes unmetered.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -41,16 +40,14 @@ from litellm_ratebalance.attribution.config import CostSettings
 from litellm_ratebalance.attribution.labels import CostLabels, TeamLabels, cost_labels
 from litellm_ratebalance.attribution.sharing import Mark
 from litellm_ratebalance.contracts.policy import ContractBook, resolve_feature
-from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.runtime import get_runtime, schedule_startup_check
 from litellm_ratebalance.settings import Settings
+from litellm_ratebalance.store.metering import CostMark, MeterEnd, MeterStart
 
 __all__ = ["CostCallback", "CostMeter", "cost", "cost_meter"]
 
 logger = logging.getLogger("litellm_ratebalance.cost")
-
-_COMPONENT = "cost"
 
 GPU_SECONDS = "gpu_seconds"
 COST_USD = "cost_usd"
@@ -83,8 +80,7 @@ class _Open:
     """A local request between its start and end marks."""
 
     deployment_id: str
-    start: asyncio.Task[Mark | None]
-    """The start mark, taken in a task of its own (``None``: the store failed)."""
+    start: Mark
     opened: float
     """Monotonic seconds (for pruning entries whose end never came)."""
     prompt_tokens: int | None = None
@@ -97,8 +93,6 @@ class _Derived:
     priorities: frozenset[str]
     book: ContractBook
     teams: TeamLabels
-    fault_settings: Settings
-    """``settings`` with ``fail_mode`` open: accounting always goes on without the store (for fault logging)."""
 
 
 class CostMeter:
@@ -134,9 +128,6 @@ class CostMeter:
                 | frozenset(settings.ratebalance.backpressure.tiers),
                 book=ContractBook.from_settings(settings.ratebalance.traffic_contracts),
                 teams=TeamLabels(cost.teams, cost.max_teams),
-                fault_settings=settings.model_copy(
-                    update={"ratebalance": settings.ratebalance.model_copy(update={"fail_mode": "open"})}
-                ),
             )
             self._derived = derived
         return derived
@@ -190,33 +181,22 @@ class CostMeter:
         ).feature
 
     # -- local deployments ------------------------------------------------------------------------------
-    async def lease_started(self, deployment_id: str, lease_id: str) -> None:
-        """Backpressure took ``lease_id`` on ``deployment_id``: mark the request's start.
-
-        Never suspends: the mark's round trip runs in a task of its own, started now (its Redis time is read
-        when it runs, within a turn of the loop). Awaiting it here would put a cancellation point between
-        taking the slot and the caller's bookkeeping of it, and a request cancelled there would hold its slot.
-        """
+    def start_mark(self, deployment_id: str) -> MeterStart | None:
+        """What the lease acquire for a request on ``deployment_id`` should mark; ``None`` when cost is off."""
         derived = self._current()
         if derived is None:
-            return
+            return None
         self._local.add(deployment_id)
-        self._prune(derived.settings)
-        task = asyncio.get_running_loop().create_task(self._mark_start(deployment_id, derived))
-        self._open[lease_id] = _Open(deployment_id, task, self._clock())
-
-    async def _mark_start(self, deployment_id: str, derived: _Derived) -> Mark | None:
         half_life_ms, ttl_ms = self._durations(derived.settings.ratebalance.cost)
-        runtime = get_runtime()
-        try:
-            started = await runtime.store().cost_start(deployment_id, half_life_ms=half_life_ms, ttl_ms=ttl_ms)
-        except StoreError as exc:
-            runtime.faults.record(_COMPONENT, exc, derived.fault_settings)
-            return None
-        except Exception:
-            logger.exception("litellm_ratebalance cost: start mark failed; the request goes unmetered")
-            return None
-        return started.mark
+        return MeterStart(half_life_ms, ttl_ms)
+
+    def lease_started(self, deployment_id: str, lease_id: str, mark: CostMark | None) -> None:
+        """``lease_id`` was taken on ``deployment_id`` with the start ``mark`` (``None``: not metered)."""
+        derived = self._current()
+        if derived is None or mark is None:
+            return
+        self._prune(derived.settings)
+        self._open[lease_id] = _Open(deployment_id, mark.mark, self._clock())
 
     def lease_usage(self, lease_id: str, response: Any) -> None:
         """The response of ``lease_id``'s request arrived: note its prompt and output tokens."""
@@ -224,49 +204,43 @@ class CostMeter:
         if entry is not None and response is not None:
             entry.prompt_tokens, entry.output_tokens = _litellm.response_usage(response)
 
-    async def lease_ended(self, deployment_id: str, lease_id: str, request: object, reserved_tokens: int) -> None:
-        """Backpressure released ``lease_id``: mark the end and charge the request's labels.
-
-        ``request``: the kwargs of the attempt that held the lease (for its caller's identity; anything else
-        reads as no identity);
-        ``reserved_tokens``: what backpressure reserved for it (prompt + output estimate). Never raises: a fault
-        or a bug here leaves the request unmetered, not the caller's release undone."""
-        entry = self._open.pop(lease_id, None)
+    def end_mark(self, lease_id: str) -> MeterEnd | None:
+        """What the release of ``lease_id`` should mark; ``None`` when its start was not marked or cost is off."""
+        entry = self._open.get(lease_id)
         derived = self._current()
         if entry is None or derived is None:
-            return
-        try:
-            await self._end(deployment_id, entry, request, reserved_tokens, derived)
-        except Exception:
-            logger.exception("litellm_ratebalance cost: end mark failed; the request goes unmetered")
-
-    async def _end(
-        self, deployment_id: str, entry: _Open, request: object, reserved_tokens: int, derived: _Derived
-    ) -> None:
-        start = await entry.start  # done long before, as a rule: the request ran in between
-        if start is None:
-            return
+            return None
         cost = derived.settings.ratebalance.cost
         half_life_ms, ttl_ms = self._durations(cost)
-        runtime = get_runtime()
-        try:
-            end = await runtime.store().cost_end(
-                deployment_id,
-                start,
-                gpus=cost.deployment_gpus(deployment_id),
-                output_tokens=entry.output_tokens or 0,
-                half_life_ms=half_life_ms,
-                ttl_ms=ttl_ms,
-            )
-        except StoreError as exc:
-            runtime.faults.record(_COMPONENT, exc, derived.fault_settings)
+        return MeterEnd(
+            entry.start, cost.deployment_gpus(entry.deployment_id), entry.output_tokens or 0, half_life_ms, ttl_ms
+        )
+
+    def lease_ended(self, lease_id: str, request: object, reserved_tokens: int, mark: CostMark | None) -> None:
+        """``lease_id`` was released with the end ``mark`` (``None``: the release failed; the request goes
+        unmetered): charge the request's labels.
+
+        ``request``: the kwargs of the attempt that held the lease (for its caller's identity; anything else
+        reads as no identity); ``reserved_tokens``: what backpressure reserved for it (prompt + output
+        estimate). Never raises: a bug here leaves the request unmetered, not the caller's release undone."""
+        entry = self._open.pop(lease_id, None)
+        derived = self._current()
+        if entry is None or derived is None or mark is None:
             return
+        try:
+            self._charge(entry, mark, request, reserved_tokens, derived)
+        except Exception:
+            logger.exception("litellm_ratebalance cost: accounting of a request failed; it goes unmetered")
+
+    def _charge(self, entry: _Open, mark: CostMark, request: object, reserved_tokens: int, derived: _Derived) -> None:
+        cost = derived.settings.ratebalance.cost
         labels = self.labels(request if isinstance(request, Mapping) else None, derived)
-        if end.share is not None:
-            _gpu_seconds().labels(deployment_id, labels.priority, labels.team, labels.feature).inc(end.share)
+        if mark.share is not None:
+            deployment_id = entry.deployment_id
+            _gpu_seconds().labels(deployment_id, labels.priority, labels.team, labels.feature).inc(mark.share)
             price = cost.deployment_gpu_hour_usd(deployment_id)
             if price is not None:
-                _cost_usd().labels(labels.priority, labels.team, labels.feature, "gpu").inc(end.share * price / 3600)
+                _cost_usd().labels(labels.priority, labels.team, labels.feature, "gpu").inc(mark.share * price / 3600)
         tokens = _cost_tokens()
         tokens.labels(labels.priority, labels.team, labels.feature, "reserved").inc(max(0, reserved_tokens))
         if entry.prompt_tokens is not None or entry.output_tokens is not None:

@@ -58,10 +58,18 @@ except ImportError:  # redis-py before 6
     _POOL_EXHAUSTED = ()  # type: ignore[assignment,misc]
 
 
+_INCLUDE = "--#include "
+
+
 @cache
 def load_lua(name: str) -> str:
-    """Return the source of the packaged script ``lua/<name>.lua``."""
-    return resources.files("litellm_ratebalance.store").joinpath("lua", f"{name}.lua").read_text("utf-8")
+    """Return the source of the packaged script ``lua/<name>.lua``, each ``--#include <other>`` line replaced
+    by the source of ``lua/<other>.lua`` (a function shared by several scripts: one EVAL carries it all)."""
+    source = resources.files("litellm_ratebalance.store").joinpath("lua", f"{name}.lua").read_text("utf-8")
+    return "".join(
+        load_lua(line.removeprefix(_INCLUDE).strip()) if line.startswith(_INCLUDE) else line
+        for line in source.splitlines(keepends=True)
+    )
 
 
 class _GateTimeout(Exception):

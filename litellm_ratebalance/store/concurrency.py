@@ -11,6 +11,9 @@ its own. Four operations, each one atomic step (one Redis round trip):
 * :meth:`ConcurrencyStore.lease_renew` pushes out the expiry of live leases (an expired lease is not revived);
 * :meth:`ConcurrencyStore.concurrency_snapshot` reads the totals.
 
+Acquire and release also carry the request's cost marks when asked (``meter``): see
+:mod:`litellm_ratebalance.store.metering`.
+
 Expiry contract (both backends): a lease is alive while ``now < expiry``; every operation first purges the
 expired ones and returns their tokens. Redis uses its server ``TIME``; the embedded store its injected clock.
 """
@@ -26,6 +29,7 @@ from typing import Protocol
 
 from litellm_ratebalance.store._scripts import ScriptRunner
 from litellm_ratebalance.store.keys import KeySpace
+from litellm_ratebalance.store.metering import CostMark, MemorySharing, MeterEnd, MeterStart
 
 __all__ = [
     "ConcurrencySnapshot",
@@ -55,6 +59,8 @@ class LeaseResult:
     """Leases alive (after this one when acquired)."""
     reserved_tokens: int
     now_ms: int
+    cost: CostMark | None = None
+    """The start mark, when the call asked for one and the lease was newly taken."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +69,8 @@ class ConcurrencySnapshot:
     reserved_tokens: int
     changed: int = 0
     """Leases released (0 or 1) or renewed by the call that produced the snapshot."""
+    cost: CostMark | None = None
+    """The end mark, when the release asked for one."""
 
 
 class ConcurrencyStore(Protocol):
@@ -75,9 +83,12 @@ class ConcurrencyStore(Protocol):
         ttl_ms: int,
         cost_tokens: int = 0,
         token_cap: int | None = None,
+        meter: MeterStart | None = None,
     ) -> LeaseResult: ...
 
-    async def lease_release(self, deployment_id: str, lease_id: str) -> ConcurrencySnapshot: ...
+    async def lease_release(
+        self, deployment_id: str, lease_id: str, meter: MeterEnd | None = None
+    ) -> ConcurrencySnapshot: ...
 
     async def lease_renew(self, deployment_id: str, lease_ids: Sequence[str], ttl_ms: int) -> ConcurrencySnapshot: ...
 
@@ -102,9 +113,12 @@ class RedisConcurrencyStore:
     _runner: ScriptRunner
     _keys: KeySpace
 
-    def _lease_keys(self, deployment_id: str) -> list[str]:
+    def _lease_keys(self, deployment_id: str, metered: bool = False) -> list[str]:
         tag = self._keys.concurrency_tag(deployment_id)
-        return [f"{tag}:leases", f"{tag}:tokens"]
+        keys = [f"{tag}:leases", f"{tag}:tokens"]
+        if metered:
+            keys.append(self._keys.cost_state(deployment_id))  # the same hash tag
+        return keys
 
     async def lease_acquire(
         self,
@@ -115,26 +129,35 @@ class RedisConcurrencyStore:
         ttl_ms: int,
         cost_tokens: int = 0,
         token_cap: int | None = None,
+        meter: MeterStart | None = None,
     ) -> LeaseResult:
         reply = await self._runner.run(
             "concurrency_acquire",
-            self._lease_keys(deployment_id),
+            self._lease_keys(deployment_id, meter is not None),
             [
                 _check_lease_id(lease_id),
                 int(slot_cap),
                 _check_ttl(ttl_ms),
                 max(0, int(cost_tokens)),
                 -1 if token_cap is None else max(0, int(token_cap)),
+                *(meter.script_args() if meter is not None else ()),
             ],
         )
-        acquired, refusal, inflight, tokens, now = reply
-        return LeaseResult(bool(int(acquired)), LeaseRefusal(int(refusal)), int(inflight), int(tokens), int(now))
+        acquired, refusal, inflight, tokens, now = reply[:5]
+        mark = CostMark.from_script(reply[5:8], int(now)) if len(reply) >= 8 else None
+        return LeaseResult(bool(int(acquired)), LeaseRefusal(int(refusal)), int(inflight), int(tokens), int(now), mark)
 
-    async def lease_release(self, deployment_id: str, lease_id: str) -> ConcurrencySnapshot:
-        released, inflight, tokens = await self._runner.run(
-            "concurrency_release", self._lease_keys(deployment_id), [_check_lease_id(lease_id)]
+    async def lease_release(
+        self, deployment_id: str, lease_id: str, meter: MeterEnd | None = None
+    ) -> ConcurrencySnapshot:
+        reply = await self._runner.run(
+            "concurrency_release",
+            self._lease_keys(deployment_id, meter is not None),
+            [_check_lease_id(lease_id), *(meter.script_args() if meter is not None else ())],
         )
-        return ConcurrencySnapshot(int(inflight), int(tokens), int(released))
+        released, inflight, tokens = reply[:3]
+        mark = CostMark.from_script(reply[4:7], int(reply[3])) if len(reply) >= 7 else None
+        return ConcurrencySnapshot(int(inflight), int(tokens), int(released), mark)
 
     async def lease_renew(self, deployment_id: str, lease_ids: Sequence[str], ttl_ms: int) -> ConcurrencySnapshot:
         renewed, inflight, tokens = await self._runner.run(
@@ -167,10 +190,12 @@ class MemoryConcurrencyStore:
     _clock: Callable[[], float]
     _lock: threading.Lock
     _concurrency_leases: dict[str, _MemoryLeases]
+    _sharing: MemorySharing
 
     def _init_concurrency(self) -> None:
         """Create this part's in-memory state; called by ``MemoryStore.__init__``."""
         self._concurrency_leases = {}
+        self._sharing = MemorySharing()
 
     def _lease_now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -196,6 +221,7 @@ class MemoryConcurrencyStore:
         ttl_ms: int,
         cost_tokens: int = 0,
         token_cap: int | None = None,
+        meter: MeterStart | None = None,
     ) -> LeaseResult:
         _check_lease_id(lease_id)
         ttl = _check_ttl(ttl_ms)
@@ -219,16 +245,21 @@ class MemoryConcurrencyStore:
                 return result
             state.leases[lease_id] = (now + ttl, cost)
             state.tokens += cost
-            return LeaseResult(True, LeaseRefusal.NONE, alive + 1, state.tokens, now)
+            mark = None if meter is None else self._sharing.mark(deployment_id, now, alive + 1, meter)
+            return LeaseResult(True, LeaseRefusal.NONE, alive + 1, state.tokens, now, mark)
 
-    async def lease_release(self, deployment_id: str, lease_id: str) -> ConcurrencySnapshot:
+    async def lease_release(
+        self, deployment_id: str, lease_id: str, meter: MeterEnd | None = None
+    ) -> ConcurrencySnapshot:
         _check_lease_id(lease_id)
         with self._lock:
-            state = self._deployment_leases(deployment_id, self._lease_now_ms())
+            now = self._lease_now_ms()
+            state = self._deployment_leases(deployment_id, now)
             entry = state.leases.pop(lease_id, None)
             if entry is not None:
                 state.tokens -= entry[1]
-            snapshot = ConcurrencySnapshot(len(state.leases), state.tokens, int(entry is not None))
+            mark = None if meter is None else self._sharing.mark(deployment_id, now, len(state.leases), meter)
+            snapshot = ConcurrencySnapshot(len(state.leases), state.tokens, int(entry is not None), mark)
             self._forget_if_idle(deployment_id, state)
             return snapshot
 

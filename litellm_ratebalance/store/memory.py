@@ -35,7 +35,6 @@ class MemoryStore(
         self._init_routing()
         self._init_contracts()
         self._init_concurrency()
-        self._init_cost()
 
     async def ping(self) -> None:
         return None

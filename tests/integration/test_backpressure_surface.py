@@ -22,6 +22,7 @@ from litellm_ratebalance.proxy.runtime import configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.simulate.inference_server import InferenceServer, ServerSpec
 from litellm_ratebalance.store import MemoryStore
+from litellm_ratebalance.store.metering import MeterEnd
 from tests.integration.test_backpressure_router import call, outcome, settle
 
 
@@ -45,9 +46,9 @@ class CountingStore(MemoryStore):
         self.granted += int(result.acquired)
         return result
 
-    async def lease_release(self, deployment_id: str, lease_id: str) -> Any:
+    async def lease_release(self, deployment_id: str, lease_id: str, meter: MeterEnd | None = None) -> Any:
         self.released += 1
-        return await super().lease_release(deployment_id, lease_id)
+        return await super().lease_release(deployment_id, lease_id, meter)
 
 
 Build = Callable[..., Awaitable[tuple[Router, list[BackpressureCallback], list[InferenceServer]]]]

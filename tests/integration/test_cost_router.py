@@ -28,6 +28,7 @@ from litellm_ratebalance.proxy.runtime import configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.simulate.inference_server import InferenceServer, ServerSpec
 from litellm_ratebalance.store import MemoryStore
+from litellm_ratebalance.store.metering import MeterEnd
 
 P = "litellm_ratebalance_"
 GPU_HOUR_USD = 7.2
@@ -221,21 +222,25 @@ async def test_the_request_may_name_its_feature_only_when_the_contracts_trust_it
     assert value("cost_usd_total", **labels) - before == 0.5
 
 
-class CostStoreDown(MemoryStore):
-    """Leases work; the cost state does not (a Redis fault on the cost scripts only)."""
+class ReleaseDown(MemoryStore):
+    """Leases are taken; giving one back fails (a Redis fault at the end of the request, where its end mark
+    rides)."""
 
-    async def cost_start(self, *args: Any, **kwargs: Any) -> Any:
+    async def lease_release(self, deployment_id: str, lease_id: str, meter: MeterEnd | None = None) -> Any:
         raise StoreError("redis down (test)")
 
 
 async def test_a_store_fault_leaves_the_request_served_and_unmetered(setup: tuple[Router, InferenceServer]) -> None:
     router, _ = setup
-    store = CostStoreDown()
-    configure(store=store)
-    faults = value("store_errors_total", component="cost", mode="open")
+    configure(store=ReleaseDown())
+    faults = value("store_errors_total", component="backpressure", mode="open")
     before = total("gpu_seconds")
     response = await ask(router, "local", DEV, 5)
     assert response.usage.completion_tokens == 5
-    assert value("store_errors_total", component="cost", mode="open") == faults + 1
+    for _ in range(50):  # the release runs in the success event, after the response
+        if value("store_errors_total", component="backpressure", mode="open") > faults:
+            break
+        await asyncio.sleep(0.02)
+    assert value("store_errors_total", component="backpressure", mode="open") == faults + 1
     assert total("gpu_seconds") == before
     assert cost_meter().open_requests == 0

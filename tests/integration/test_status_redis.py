@@ -21,6 +21,7 @@ from litellm_ratebalance.proxy.runtime import Runtime
 from litellm_ratebalance.routing.balancer import RateBalancer
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import KeySpace, RedisStore
+from litellm_ratebalance.store.metering import MeterEnd, MeterStart
 from tests.integration import contracts_support, limiter_support
 from tests.servers import RedisServer
 
@@ -108,11 +109,11 @@ async def _drive(url: str, derived_id: str) -> dict[str, Any]:
     await store.lease_acquire("chat-a", "lease-1", slot_cap=4, ttl_ms=60_000, cost_tokens=70)
     # One metered request on chat-a (cost attribution's marks around a lease), 250 output tokens.
     half_life_ms = int(settings.ratebalance.cost.efficiency_half_life_seconds * 1000)
-    await store.lease_acquire("chat-a", "lease-2", slot_cap=4, ttl_ms=60_000, cost_tokens=30)
-    start = await store.cost_start("chat-a", half_life_ms=half_life_ms, ttl_ms=60_000)
+    meter = MeterStart(half_life_ms=half_life_ms, ttl_ms=60_000)
+    taken = await store.lease_acquire("chat-a", "lease-2", slot_cap=4, ttl_ms=60_000, cost_tokens=30, meter=meter)
+    assert taken.cost is not None
     await asyncio.sleep(0.02)
-    await store.lease_release("chat-a", "lease-2")
-    await store.cost_end("chat-a", start.mark, gpus=1, output_tokens=250, half_life_ms=half_life_ms, ttl_ms=60_000)
+    await store.lease_release("chat-a", "lease-2", MeterEnd(taken.cost.mark, 1, 250, half_life_ms, 60_000))
     efficiency = await store.cost_efficiency("chat-a", half_life_ms=half_life_ms)
     admission = await store.admission_snapshot("chat", 60_000)
     window = await store.contract_window(3600)

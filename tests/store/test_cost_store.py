@@ -1,6 +1,7 @@
 """Behavioural suite of the cost state (sharing clock, efficiency sums), on the embedded store and Redis.
 
-Redis uses its own clock, so exact figures are checked against the times the marks report (``now_ms``), and
+The marks ride on the lease operations (``meter=``), so each test takes and gives back leases. Redis uses its
+own clock, so exact figures are checked against the times the marks report (``now_ms``), and
 the sleeps only guarantee that some time passes (a lower bound, never an upper one).
 """
 
@@ -12,24 +13,37 @@ import pytest
 
 from litellm_ratebalance.attribution import Mark
 from litellm_ratebalance.store import MemoryStore, RedisStore
+from litellm_ratebalance.store.metering import CostMark, MeterEnd, MeterStart
 
 pytestmark = pytest.mark.redis
 
-DURATIONS = {"half_life_ms": 600_000, "ttl_ms": 3_600_000}
+START = MeterStart(half_life_ms=600_000, ttl_ms=3_600_000)
+
+
+def end_of(start: CostMark, *, gpus: float = 1, output_tokens: int = 1) -> MeterEnd:
+    return MeterEnd(start.mark, gpus, output_tokens, half_life_ms=600_000, ttl_ms=3_600_000)
+
+
+async def acquire(store: MemoryStore | RedisStore, deployment: str, lease: str) -> CostMark:
+    taken = await store.lease_acquire(deployment, lease, slot_cap=9, ttl_ms=60_000, meter=START)
+    assert taken.acquired and taken.cost is not None
+    return taken.cost
+
+
+async def release(store: MemoryStore | RedisStore, deployment: str, lease: str, meter: MeterEnd) -> CostMark:
+    snapshot = await store.lease_release(deployment, lease, meter)
+    assert snapshot.cost is not None
+    return snapshot.cost
 
 
 async def test_two_overlapping_requests_share_the_busy_time_exactly(store: MemoryStore | RedisStore) -> None:
-    await store.lease_acquire("gpu1", "a", slot_cap=9, ttl_ms=60_000)
-    start_a = await store.cost_start("gpu1", **DURATIONS)
+    start_a = await acquire(store, "gpu1", "a")
     await asyncio.sleep(0.02)
-    await store.lease_acquire("gpu1", "b", slot_cap=9, ttl_ms=60_000)
-    start_b = await store.cost_start("gpu1", **DURATIONS)
+    start_b = await acquire(store, "gpu1", "b")
     await asyncio.sleep(0.02)
-    await store.lease_release("gpu1", "a")
-    end_a = await store.cost_end("gpu1", start_a.mark, gpus=1, output_tokens=10, **DURATIONS)
+    end_a = await release(store, "gpu1", "a", end_of(start_a, gpus=1, output_tokens=10))
     await asyncio.sleep(0.02)
-    await store.lease_release("gpu1", "b")
-    end_b = await store.cost_end("gpu1", start_b.mark, gpus=1, output_tokens=30, **DURATIONS)
+    end_b = await release(store, "gpu1", "b", end_of(start_b, gpus=1, output_tokens=30))
     assert start_a.share is None and start_b.share is None
     assert end_a.share is not None and end_b.share is not None
     alone_a = (start_b.now_ms - start_a.now_ms) / 1000
@@ -46,40 +60,51 @@ async def test_two_overlapping_requests_share_the_busy_time_exactly(store: Memor
 
 
 async def test_gpus_multiply_and_an_idle_gap_costs_nothing(store: MemoryStore | RedisStore) -> None:
-    await store.lease_acquire("gpu1", "a", slot_cap=9, ttl_ms=60_000)
-    start = await store.cost_start("gpu1", **DURATIONS)
-    await store.lease_release("gpu1", "a")
-    end = await store.cost_end("gpu1", start.mark, gpus=4, output_tokens=1, **DURATIONS)
+    start = await acquire(store, "gpu1", "a")
+    end = await release(store, "gpu1", "a", end_of(start, gpus=4, output_tokens=1))
     await asyncio.sleep(0.03)  # idle: no lease alive
-    await store.lease_acquire("gpu1", "b", slot_cap=9, ttl_ms=60_000)
-    start_b = await store.cost_start("gpu1", **DURATIONS)
+    start_b = await acquire(store, "gpu1", "b")
     assert end.share == pytest.approx(4 * (end.now_ms - start.now_ms) / 1000, abs=1e-9)
     assert start_b.mark.integral == pytest.approx(end.mark.integral, abs=1e-9)
 
 
 async def test_a_start_from_another_epoch_is_not_measured(store: MemoryStore | RedisStore) -> None:
-    await store.lease_acquire("gpu1", "a", slot_cap=9, ttl_ms=60_000)
-    start = await store.cost_start("gpu1", **DURATIONS)
-    stranger = Mark(start.mark.epoch_ms - 1, 0.0)
-    end = await store.cost_end("gpu1", stranger, gpus=1, output_tokens=5, **DURATIONS)
+    start = await acquire(store, "gpu1", "a")
+    stranger = CostMark(Mark(start.mark.epoch_ms - 1, 0.0), None, start.now_ms)
+    end = await release(store, "gpu1", "a", end_of(stranger, output_tokens=5))
     assert end.share is None
     assert await store.cost_efficiency("gpu1", half_life_ms=600_000) is None  # nothing was charged
     assert await store.cost_efficiency("never-used", half_life_ms=600_000) is None
 
 
 async def test_deployments_keep_separate_clocks(store: MemoryStore | RedisStore) -> None:
-    await store.lease_acquire("gpu1", "a", slot_cap=9, ttl_ms=60_000)
-    await store.lease_acquire("gpu2", "b", slot_cap=9, ttl_ms=60_000)
-    start_1 = await store.cost_start("gpu1", **DURATIONS)
-    start_2 = await store.cost_start("gpu2", **DURATIONS)
+    start_1 = await acquire(store, "gpu1", "a")
+    start_2 = await acquire(store, "gpu2", "b")
     await asyncio.sleep(0.02)
-    await store.lease_release("gpu1", "a")
-    end_1 = await store.cost_end("gpu1", start_1.mark, gpus=1, output_tokens=1, **DURATIONS)
+    end_1 = await release(store, "gpu1", "a", end_of(start_1))
     # gpu2's request is alone on gpu2: gpu1's does not divide its time.
     assert end_1.share == pytest.approx((end_1.now_ms - start_1.now_ms) / 1000, abs=1e-9)
     assert start_2.mark.epoch_ms >= start_1.mark.epoch_ms
 
 
-async def test_bad_durations_are_refused(store: MemoryStore | RedisStore) -> None:
+async def test_only_a_newly_taken_lease_marks_a_start(store: MemoryStore | RedisStore) -> None:
+    start = await acquire(store, "gpu1", "a")
+    again = await store.lease_acquire("gpu1", "a", slot_cap=9, ttl_ms=60_000, meter=START)
+    assert again.acquired and again.cost is None  # a renewal of the same lease: counted once, marked once
+    refused = await store.lease_acquire("gpu1", "b", slot_cap=1, ttl_ms=60_000, meter=START)
+    assert not refused.acquired and refused.cost is None
+    plain = await store.lease_acquire("gpu1", "c", slot_cap=9, ttl_ms=60_000)
+    assert plain.acquired and plain.cost is None  # no meter asked: no mark
+    # "c" entered without a mark, so the interval since "a"'s start is still divided by one.
+    await asyncio.sleep(0.02)
+    end = await release(store, "gpu1", "a", end_of(start))
+    assert end.share == pytest.approx((end.now_ms - start.now_ms) / 1000, abs=1e-9)
+    unmetered = await store.lease_release("gpu1", "c")
+    assert unmetered.changed == 1 and unmetered.cost is None
+
+
+async def test_bad_durations_are_refused() -> None:
     with pytest.raises(ValueError, match="ttl must be at least 1 ms"):
-        await store.cost_start("gpu1", half_life_ms=1, ttl_ms=0)
+        MeterStart(half_life_ms=1, ttl_ms=0)
+    with pytest.raises(ValueError, match="half-life must be at least 1 ms"):
+        MeterEnd(Mark(0, 0.0), 1.0, 0, half_life_ms=0, ttl_ms=1)

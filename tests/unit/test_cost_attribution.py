@@ -22,6 +22,7 @@ from litellm_ratebalance.attribution.config import CostSettings
 from litellm_ratebalance.errors import ConfigurationError
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import MemoryStore
+from litellm_ratebalance.store.metering import MeterEnd, MeterStart
 
 
 def test_a_new_clock_starts_an_epoch_at_now_with_nothing_integrated() -> None:
@@ -127,18 +128,19 @@ class FakeClock:
 async def test_the_embedded_store_shares_busy_time_with_explicit_times() -> None:
     clock = FakeClock()
     store = MemoryStore(clock=clock)
-    durations = {"half_life_ms": 600_000, "ttl_ms": 3_600_000}
-    assert (await store.lease_acquire("gpu1", "a", slot_cap=9, ttl_ms=60_000)).acquired
-    start_a = await store.cost_start("gpu1", **durations)
+    start = MeterStart(half_life_ms=600_000, ttl_ms=3_600_000)
+    taken_a = await store.lease_acquire("gpu1", "a", slot_cap=9, ttl_ms=60_000, meter=start)
+    assert taken_a.acquired and taken_a.cost is not None
     clock.now += 1.0
-    assert (await store.lease_acquire("gpu1", "b", slot_cap=9, ttl_ms=60_000)).acquired
-    start_b = await store.cost_start("gpu1", **durations)
+    taken_b = await store.lease_acquire("gpu1", "b", slot_cap=9, ttl_ms=60_000, meter=start)
+    assert taken_b.acquired and taken_b.cost is not None
     clock.now += 2.0
-    await store.lease_release("gpu1", "a")
-    end_a = await store.cost_end("gpu1", start_a.mark, gpus=2, output_tokens=100, **durations)
+    meter_a = MeterEnd(taken_a.cost.mark, 2, 100, half_life_ms=600_000, ttl_ms=3_600_000)
+    end_a = (await store.lease_release("gpu1", "a", meter_a)).cost
     clock.now += 1.0
-    await store.lease_release("gpu1", "b")
-    end_b = await store.cost_end("gpu1", start_b.mark, gpus=2, output_tokens=300, **durations)
+    meter_b = MeterEnd(taken_b.cost.mark, 2, 300, half_life_ms=600_000, ttl_ms=3_600_000)
+    end_b = (await store.lease_release("gpu1", "b", meter_b)).cost
+    assert end_a is not None and end_b is not None
     assert end_a.share == pytest.approx(2 * (1.0 + 2.0 / 2))
     assert end_b.share == pytest.approx(2 * (2.0 / 2 + 1.0))
     efficiency = await store.cost_efficiency("gpu1", **{"half_life_ms": 600_000})
@@ -156,8 +158,14 @@ async def test_the_embedded_store_shares_busy_time_with_explicit_times() -> None
 async def test_the_embedded_state_expires_into_a_new_epoch() -> None:
     clock = FakeClock()
     store = MemoryStore(clock=clock)
-    first = await store.cost_start("gpu1", half_life_ms=1_000, ttl_ms=60_000)
+    taken = await store.lease_acquire(
+        "gpu1", "a", slot_cap=9, ttl_ms=600_000, meter=MeterStart(half_life_ms=1_000, ttl_ms=60_000)
+    )
+    first = taken.cost
+    assert first is not None
     clock.now += 61.0
-    end = await store.cost_end("gpu1", first.mark, gpus=1, output_tokens=1, half_life_ms=1_000, ttl_ms=60_000)
+    meter = MeterEnd(first.mark, 1, 1, half_life_ms=1_000, ttl_ms=60_000)
+    end = (await store.lease_release("gpu1", "a", meter)).cost
+    assert end is not None
     assert end.share is None and end.mark.epoch_ms != first.mark.epoch_ms
     assert math.isclose(end.mark.integral, 0.0)

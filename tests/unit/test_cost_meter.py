@@ -1,8 +1,12 @@
-"""The cost meter's bookkeeping around backpressure's leases, on the embedded store with explicit times."""
+"""The cost meter's bookkeeping around backpressure's leases, on the embedded store with explicit times.
+
+The marks ride on the lease operations; these tests drive them the way backpressure does: ``start_mark`` into
+``lease_acquire``, ``lease_started`` with the mark it returned, ``end_mark`` into ``lease_release`` and
+``lease_ended`` with the end mark.
+"""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -11,11 +15,12 @@ import pytest
 from litellm.proxy._types import UserAPIKeyAuth
 from prometheus_client import REGISTRY
 
+from litellm_ratebalance.attribution import Mark
 from litellm_ratebalance.proxy.cost import CostMeter
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import MemoryStore
-from litellm_ratebalance.store.cost import CostMark
+from litellm_ratebalance.store.metering import CostMark
 
 
 class Clock:
@@ -24,18 +29,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class SlowStartStore(MemoryStore):
-    """The start mark waits until the test lets it through (a slow Redis round trip)."""
-
-    def __init__(self, clock: Clock) -> None:
-        super().__init__(clock=clock)
-        self.let_through = asyncio.Event()
-
-    async def cost_start(self, deployment_id: str, *, half_life_ms: int, ttl_ms: int) -> CostMark:
-        await self.let_through.wait()
-        return await super().cost_start(deployment_id, half_life_ms=half_life_ms, ttl_ms=ttl_ms)
 
 
 @pytest.fixture
@@ -49,57 +42,74 @@ def request(priority: str) -> dict[str, Any]:
     return {"metadata": {"user_api_key_auth": UserAPIKeyAuth(token="k", metadata={"priority": priority})}}
 
 
-async def test_the_start_mark_never_holds_up_the_caller_and_the_end_waits_for_it(clock: Clock) -> None:
-    store = SlowStartStore(clock)
+async def start(store: MemoryStore, meter: CostMeter, lease: str, deployment: str = "gpu1") -> None:
+    taken = await store.lease_acquire(deployment, lease, slot_cap=8, ttl_ms=600_000, meter=meter.start_mark(deployment))
+    assert taken.acquired
+    meter.lease_started(deployment, lease, taken.cost)
+
+
+async def end(store: MemoryStore, meter: CostMeter, lease: str, priority: str, deployment: str = "gpu1") -> None:
+    meter.lease_usage(lease, SimpleNamespace(usage=SimpleNamespace(prompt_tokens=1, completion_tokens=1)))
+    released = await store.lease_release(deployment, lease, meter.end_mark(lease))
+    meter.lease_ended(lease, request(priority), 2, released.cost)
+
+
+def gpu_seconds(priority: str) -> float:
+    labels = {"deployment": "gpu1", "team": "none", "feature": "unassigned", "priority": priority}
+    return REGISTRY.get_sample_value("litellm_ratebalance_gpu_seconds_total", labels) or 0.0
+
+
+async def test_a_request_is_marked_with_its_lease_and_charged_its_busy_time(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
     configure(settings=parse_settings({"ratebalance": {"backpressure": {"tiers": ["dev"]}}}), store=store)
     meter = CostMeter(clock=clock)
-    await store.lease_acquire("gpu1", "lease-a", slot_cap=4, ttl_ms=600_000)
-    # Returns at once although the store has not answered: no cancellation point between the lease and its
-    # owner's bookkeeping.
-    await asyncio.wait_for(meter.lease_started("gpu1", "lease-a"), timeout=5)
+    before = gpu_seconds("dev")
+    await start(store, meter, "lease-a")
     assert meter.open_requests == 1 and meter.is_local("gpu1") and not meter.is_local("api")
-    store.let_through.set()
-    for _ in range(10):  # let the start mark run, at store time 100 s
-        await asyncio.sleep(0)
-    usage = SimpleNamespace(usage=SimpleNamespace(prompt_tokens=7, completion_tokens=3))
-    meter.lease_usage("lease-a", usage)
     clock.now += 2.5
-    await store.lease_release("gpu1", "lease-a")
-    await meter.lease_ended("gpu1", "lease-a", request("dev"), 40)
+    meter.lease_usage("lease-a", SimpleNamespace(usage=SimpleNamespace(prompt_tokens=7, completion_tokens=3)))
+    released = await store.lease_release("gpu1", "lease-a", meter.end_mark("lease-a"))
+    meter.lease_ended("lease-a", request("dev"), 40, released.cost)
     assert meter.open_requests == 0
+    assert gpu_seconds("dev") - before == pytest.approx(2.5)  # alone for 2.5 s on one GPU
     efficiency = await store.cost_efficiency("gpu1", half_life_ms=600_000)
     assert efficiency is not None
-    assert efficiency.gpu_seconds == pytest.approx(2.5)  # alone for 2.5 s on one GPU
+    assert efficiency.gpu_seconds == pytest.approx(2.5)
     assert efficiency.output_tokens == pytest.approx(3)
 
 
-async def test_an_end_without_a_start_or_after_a_failed_start_charges_nothing(clock: Clock) -> None:
-    ends: list[str] = []
-
-    class NoStart(MemoryStore):
-        async def cost_start(self, *args: Any, **kwargs: Any) -> CostMark:
-            raise RuntimeError("a bug, not a store fault")
-
-        async def cost_end(self, deployment_id: str, *args: Any, **kwargs: Any) -> CostMark:
-            ends.append(deployment_id)
-            return await super().cost_end(deployment_id, *args, **kwargs)
-
-    configure(settings=parse_settings({}), store=NoStart(clock=clock))
+async def test_cost_off_asks_for_no_mark_and_keeps_nothing(clock: Clock) -> None:
+    configure(settings=parse_settings({"ratebalance": {"cost": {"enabled": False}}}), store=MemoryStore(clock=clock))
     meter = CostMeter(clock=clock)
-    await meter.lease_ended("gpu1", "never-started", request("dev"), 10)
-    await meter.lease_started("gpu1", "lease-b")
-    await meter.lease_ended("gpu1", "lease-b", request("dev"), 10)  # the failed start is logged, never raised
-    assert ends == []  # no end mark without a start mark
+    assert meter.start_mark("gpu1") is None
+    meter.lease_started("gpu1", "a", CostMark(Mark(1, 0.0), None, 1))
+    assert meter.open_requests == 0 and meter.end_mark("a") is None and not meter.is_local("gpu1")
+
+
+async def test_an_end_without_a_start_mark_or_a_failed_release_charges_nothing(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    configure(settings=parse_settings({}), store=store)
+    meter = CostMeter(clock=clock)
+    before = gpu_seconds("default")
+    assert meter.end_mark("never-started") is None
+    meter.lease_ended("never-started", request("dev"), 10, None)
+    meter.lease_started("gpu1", "unmarked", None)  # the acquire returned no mark (fail open without a lease)
+    assert meter.open_requests == 0 and meter.end_mark("unmarked") is None
+    await start(store, meter, "lease-b")
+    assert meter.end_mark("lease-b") is not None
+    meter.lease_ended("lease-b", request("dev"), 10, None)  # the release failed: unmetered, forgotten
     assert meter.open_requests == 0
+    assert gpu_seconds("default") == before
 
 
 async def test_entries_whose_end_never_came_are_forgotten_after_the_lease_max_age(clock: Clock) -> None:
     settings = parse_settings({"ratebalance": {"backpressure": {"lease_max_age_seconds": 60}}})
-    configure(settings=settings, store=MemoryStore(clock=clock))
+    store = MemoryStore(clock=clock)
+    configure(settings=settings, store=store)
     meter = CostMeter(clock=clock)
-    await meter.lease_started("gpu1", "lost")
+    await start(store, meter, "lost")
     clock.now += 61
-    await meter.lease_started("gpu1", "next")
+    await start(store, meter, "next")
     assert meter.open_requests == 1  # "lost" is gone, "next" is open
 
 
@@ -108,29 +118,15 @@ async def test_two_replicas_share_one_deployments_busy_time_through_the_store(cl
     store = MemoryStore(clock=clock)
     configure(settings=parse_settings({"ratebalance": {"backpressure": {"tiers": ["dev", "prod"]}}}), store=store)
     replica_a, replica_b = CostMeter(clock=clock), CostMeter(clock=clock)
-
-    async def start(meter: CostMeter, lease: str) -> None:
-        await store.lease_acquire("gpu1", lease, slot_cap=8, ttl_ms=600_000)
-        await meter.lease_started("gpu1", lease)
-        for _ in range(5):  # the start mark's task runs now, at this store time
-            await asyncio.sleep(0)
-
-    async def end(meter: CostMeter, lease: str, priority: str) -> None:
-        await store.lease_release("gpu1", lease)
-        meter.lease_usage(lease, SimpleNamespace(usage=SimpleNamespace(prompt_tokens=1, completion_tokens=1)))
-        await meter.lease_ended("gpu1", lease, request(priority), 2)
-
-    gpu = "litellm_ratebalance_gpu_seconds_total"
-    labels = {"deployment": "gpu1", "team": "none", "feature": "unassigned"}
-    before = {p: REGISTRY.get_sample_value(gpu, {**labels, "priority": p}) or 0.0 for p in ("prod", "dev")}
-    await start(replica_a, "a")  # t=100
+    before = {p: gpu_seconds(p) for p in ("prod", "dev")}
+    await start(store, replica_a, "a")  # t=100
     clock.now += 1.0
-    await start(replica_b, "b")  # t=101: two in flight, one on each replica
+    await start(store, replica_b, "b")  # t=101: two in flight, one on each replica
     clock.now += 2.0
-    await end(replica_a, "a", "prod")  # t=103: a had 1 s alone and 2 s shared
+    await end(store, replica_a, "a", "prod")  # t=103: a had 1 s alone and 2 s shared
     clock.now += 3.0
-    await end(replica_b, "b", "dev")  # t=106: b had 2 s shared and 3 s alone
-    charged = {p: (REGISTRY.get_sample_value(gpu, {**labels, "priority": p}) or 0.0) - before[p] for p in before}
+    await end(store, replica_b, "b", "dev")  # t=106: b had 2 s shared and 3 s alone
+    charged = {p: gpu_seconds(p) - before[p] for p in before}
     assert charged["prod"] == pytest.approx(1.0 + 2.0 / 2)
     assert charged["dev"] == pytest.approx(2.0 / 2 + 3.0)
     efficiency = await store.cost_efficiency("gpu1", half_life_ms=600_000)

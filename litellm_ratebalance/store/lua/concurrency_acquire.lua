@@ -9,9 +9,14 @@
 -- ARGV[3]  lease time-to-live, ms (the owner renews it; a crashed owner's lease frees after this)
 -- ARGV[4]  tokens this request reserves (prompt + max_tokens estimate), >= 0
 -- ARGV[5]  token cap: the lease is taken only if total + tokens <= cap; -1 for no token cap
+-- Cost metering (optional): KEYS[3] the deployment's cost state, ARGV[6..12] the start mark's arguments
+--           (see _sharing.lua); a newly taken lease marks the request's start in this same step.
 -- Returns  {acquired 0|1, reason 0 (taken) | 1 (slot cap) | 2 (token cap), leases alive, reserved tokens,
 --           now_ms}; counts are after the lease when taken. Taking a lease id that is already alive renews
---           it and reports it taken (idempotent; its tokens are not counted twice).
+--           it and reports it taken (idempotent; its tokens are not counted twice, no mark). A start mark
+--           appends {epoch ms, integral (string), share ""}.
+
+--#include _sharing
 
 local leases, costs = KEYS[1], KEYS[2]
 local id = ARGV[1]
@@ -57,4 +62,8 @@ total = redis.call('HINCRBY', costs, 'total', cost)
 -- Keys outlive every lease in them (each write pushes this out), then vanish with an idle deployment.
 redis.call('PEXPIRE', leases, 2 * ttl)
 redis.call('PEXPIRE', costs, 2 * ttl)
+if #KEYS >= 3 then
+  local mark = sharing_mark(KEYS[3], alive + 1, now, {unpack(ARGV, 6, 12)})
+  return {1, 0, alive + 1, total, now, mark[1], mark[2], mark[3]}
+end
 return {1, 0, alive + 1, total, now}

@@ -1,7 +1,7 @@
 -- cost_read: a deployment's efficiency sums (attributed GPU-seconds and output tokens), decayed to now.
 --
 -- Clock: Redis server TIME (milliseconds). Read only.
--- KEYS[1]  hash of the deployment's cost state (see cost_mark.lua)
+-- KEYS[1]  hash of the deployment's cost state (see _sharing.lua)
 -- ARGV[1]  half-life of the efficiency sums, ms (> 0)
 -- Returns  {found 0|1, GPU-seconds (string), output tokens (string), now ms}; found 0: no request has ended
 --          on the deployment within the state's time-to-live (both sums "0").
