@@ -39,13 +39,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
+from litellm_ratebalance.simulate.inference_server import ServerSpec
 from tests.servers import free_port
 
 __all__ = [
@@ -331,3 +332,24 @@ def start_all(proxies: Iterable[LiteLLMProxy], timeout: float = START_TIMEOUT_S)
 def stop_all(proxies: Iterable[LiteLLMProxy]) -> None:
     for proxy in proxies:
         proxy.cleanup()
+
+
+@contextlib.contextmanager
+def inference_server_process(spec: ServerSpec) -> Iterator[str]:
+    """The simulated inference server (:mod:`litellm_ratebalance.simulate.inference_server`) in a child process,
+    serving ``spec``; yields its base URL and stops it on exit (sync, so module-scoped
+    fixtures can hold it while a proxy runs)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "litellm_ratebalance.simulate.inference_server", "--spec", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(json.dumps(spec.to_dict()).encode() + b"\n")
+    process.stdin.flush()
+    try:
+        yield str(json.loads(process.stdout.readline())["url"])
+    finally:
+        process.stdin.close()
+        process.wait(timeout=10)
+        process.stdout.close()

@@ -9,9 +9,6 @@ endpoint is the simulated inference server's, which is up from the start.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +18,7 @@ import pytest
 
 from litellm_ratebalance.simulate.inference_server import ServerSpec
 from tests.e2e.conftest import StartProxies, proxies
-from tests.e2e.harness import LiteLLMProxy, chat_body, mock_deployment
+from tests.e2e.harness import LiteLLMProxy, chat_body, inference_server_process, mock_deployment
 
 pytestmark = pytest.mark.e2e
 
@@ -33,20 +30,8 @@ REFUSALS = 6
 @pytest.fixture(scope="module")
 def metrics_url() -> Iterator[str]:
     """The simulated inference server in a child process; yields its Prometheus endpoint."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "litellm_ratebalance.simulate.inference_server", "--spec", "-"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    assert process.stdin is not None and process.stdout is not None
-    process.stdin.write(json.dumps(ServerSpec().to_dict()).encode() + b"\n")
-    process.stdin.flush()
-    try:
-        yield str(json.loads(process.stdout.readline())["url"]) + "/metrics"
-    finally:
-        process.stdin.close()
-        process.wait(timeout=10)
-        process.stdout.close()
+    with inference_server_process(ServerSpec()) as url:
+        yield url + "/metrics"
 
 
 @pytest.fixture(scope="module")

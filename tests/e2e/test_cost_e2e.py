@@ -10,8 +10,6 @@ tokens from the Redis the proxy wrote to.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from litellm_ratebalance.cli import main
 from litellm_ratebalance.simulate.inference_server import ServerSpec
 from tests.e2e.conftest import StartProxies, proxies
-from tests.e2e.harness import LiteLLMProxy, chat_body
+from tests.e2e.harness import LiteLLMProxy, chat_body, inference_server_process
 from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
@@ -37,21 +35,9 @@ GPU_HOUR_USD = 3.6
 @pytest.fixture(scope="module")
 def inference_server() -> Iterator[str]:
     """The simulated server in a child process; yields its URL."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "litellm_ratebalance.simulate.inference_server", "--spec", "-"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    assert process.stdin is not None and process.stdout is not None
     spec = ServerSpec(knee=4, step_seconds=0.01, memory_tokens=8000)
-    process.stdin.write(json.dumps(spec.to_dict()).encode() + b"\n")
-    process.stdin.flush()
-    try:
-        yield str(json.loads(process.stdout.readline())["url"])
-    finally:
-        process.stdin.close()
-        process.wait(timeout=10)
-        process.stdout.close()
+    with inference_server_process(spec) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,6 @@ the priority comes from the key's / team's metadata (custom_auth test keys: ``sk
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +18,7 @@ import pytest
 
 from litellm_ratebalance.simulate.inference_server import ServerSpec
 from tests.e2e.conftest import StartProxies, proxies
-from tests.e2e.harness import LiteLLMProxy, chat_body
+from tests.e2e.harness import LiteLLMProxy, chat_body, inference_server_process
 
 pytestmark = pytest.mark.e2e
 
@@ -31,21 +28,9 @@ __all__ = ["proxies"]  # the e2e harness's module-scoped fixture, used here by n
 @pytest.fixture(scope="module")
 def inference_server() -> Iterator[str]:
     """The simulated server in a child process (sync, for the module-scoped proxy); yields its URL."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "litellm_ratebalance.simulate.inference_server", "--spec", "-"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    assert process.stdin is not None and process.stdout is not None
     spec = ServerSpec(knee=4, step_seconds=0.02, memory_tokens=4000)
-    process.stdin.write(json.dumps(spec.to_dict()).encode() + b"\n")
-    process.stdin.flush()
-    try:
-        yield str(json.loads(process.stdout.readline())["url"])
-    finally:
-        process.stdin.close()
-        process.wait(timeout=10)
-        process.stdout.close()
+    with inference_server_process(spec) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
