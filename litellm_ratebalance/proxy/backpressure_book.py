@@ -25,6 +25,7 @@ from typing import Any
 from litellm_ratebalance.overload.config import BackpressureSettings, DeploymentConfig, LimitSettings
 from litellm_ratebalance.overload.limits import GradientLimit, LimitConfig
 from litellm_ratebalance.overload.output import OutputEstimate
+from litellm_ratebalance.overload.prompt import PromptScale
 from litellm_ratebalance.overload.queue import FairQueue
 from litellm_ratebalance.overload.shedding import Tiers, Verdict, decide
 from litellm_ratebalance.overload.signals import SignalBoard, server_signals
@@ -82,6 +83,7 @@ class DeploymentState:
         "mean_latency",
         "model_group",
         "output",
+        "prompt_scale",
         "queue",
         "reserved_tokens",
         "typical_cost",
@@ -113,6 +115,7 @@ class DeploymentState:
         self.wake = asyncio.Event()
         self.dispatcher: asyncio.Task[None] | None = None
         self.output = OutputEstimate()
+        self.prompt_scale = PromptScale()
         self.typical_cost = 0.0
         """Moving average of the tokens the requests admitted here reserved (the headroom a lower tier
         leaves for the tiers above: one typical request)."""
@@ -198,7 +201,8 @@ class Context:
 
     # -- the decision ---------------------------------------------------------------------------------------
     def cost(self, state: DeploymentState, profile: Profile) -> int:
-        """Tokens ``profile`` reserves on ``state``: its prompt + the output reserved there."""
+        """Tokens ``profile`` reserves on ``state``: its prompt (scaled to the server's count) + the output
+        reserved there."""
         settings = self.settings
         output = state.output.reserve(
             profile.max_tokens,
@@ -206,7 +210,7 @@ class Context:
             default_output_tokens=settings.default_output_tokens,
             quantile=settings.output_estimate_quantile,
         )
-        return profile.prompt_tokens + output
+        return state.prompt_scale.apply(profile.prompt_tokens) + output
 
     def server_signals(self, state: DeploymentState) -> dict[str, float]:
         now = self.clock()

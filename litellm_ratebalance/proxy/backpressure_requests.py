@@ -68,7 +68,8 @@ def learn(
     failed: bool,
     exception: Any,
 ) -> None:
-    """Feed a finished request to the limit, the mean latency, the output estimate and the queue's fairness."""
+    """Feed a finished request to the limit, the mean latency, the output and prompt estimates and the queue's
+    fairness."""
     now = ctx.clock()
     if failed:
         if is_drop(exception):
@@ -86,6 +87,8 @@ def learn(
     )
     if output is not None:
         state.output.learn(output)
+    if prompt is not None:
+        state.prompt_scale.learn(lease.profile.prompt_tokens, prompt)
     actual = (prompt or 0) + (output or 0)
     if actual:
         state.queue.charge(lease.profile.client, actual - lease.cost, lease.profile.weight)

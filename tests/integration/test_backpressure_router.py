@@ -85,12 +85,14 @@ def auth(priority: str | None, key: str = "k1") -> UserAPIKeyAuth:
     return UserAPIKeyAuth(token=key, metadata={"priority": priority} if priority else {})
 
 
-async def call(router: Router, priority: str | None = None, *, max_tokens: int = 40, key: str = "k1") -> Any:
+async def call(
+    router: Router, priority: str | None = None, *, max_tokens: int = 40, key: str = "k1", prompt: str = PROMPT
+) -> Any:
     """The response, or the exception (with ``status_code`` / ``headers``) the caller would see."""
     try:
         return await router.acompletion(
             model="local",
-            messages=[{"role": "user", "content": PROMPT}],
+            messages=[{"role": "user", "content": prompt}],
             max_tokens=max_tokens,
             metadata={"user_api_key_auth": auth(priority, key)},
         )
@@ -452,3 +454,23 @@ async def test_a_request_reserves_the_learned_output_not_its_max_tokens(harness:
     await _until(lambda: callback.snapshot()["gpu1"]["inflight"] == 1, "the request admitted")
     assert 20 < callback.snapshot()["gpu1"]["reserved_tokens"] < 200
     assert outcome(await task) == (200, None)
+
+
+async def test_the_prompt_reserved_follows_the_servers_count_not_litellms(harness: Harness) -> None:
+    router, callback, (server,) = await harness(
+        {"kv_cache_tokens": 4000, "output_estimate": "max_tokens", "queue": {"enabled": True}},
+        # 10 ms per token: a request stays in flight ~0.2 s, long enough to see its reservation.
+        [ServerSpec(knee=16, step_seconds=0.01, memory_tokens=4096, answer_tokens=(20, 20))],
+    )
+    # One character repeated: the simulator counts 600 tokens (4 characters each), LiteLLM's counter about
+    # half as many, so a reservation of LiteLLM's count would hold half of what the prompt takes.
+    prompt = "x" * 2400
+    for i in range(6):
+        assert outcome(await call(router, max_tokens=20, key=f"k{i}", prompt=prompt)) == (200, None)
+    await settle(callback)
+    assert callback.snapshot()["gpu1"]["prompt_scale"] == pytest.approx(2.0, rel=0.15)
+    task = asyncio.create_task(call(router, max_tokens=20, prompt=prompt))
+    await _until(lambda: callback.snapshot()["gpu1"]["inflight"] == 1, "the request admitted")
+    assert 560 <= callback.snapshot()["gpu1"]["reserved_tokens"] <= 720  # ~600 + 20, not ~310 + 20
+    assert outcome(await task) == (200, None)
+    assert server.stats.oom_failures == 0
