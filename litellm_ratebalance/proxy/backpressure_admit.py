@@ -52,6 +52,7 @@ def gauges(ctx: Context, state: DeploymentState, signals: dict[str, float] | Non
         queue_depth=len(state.queue),
         signals=signals,
         output_estimate=None if signals is None else float(ctx.cost(state, _NO_PROMPT)),
+        prompt_scale=None if signals is None else state.prompt_scale.factor,
     )
 
 

@@ -25,8 +25,10 @@ def set_gauges(
     queue_depth: int,
     signals: Mapping[str, float] | None = None,
     output_estimate: float | None = None,
+    prompt_scale: float | None = None,
 ) -> None:
-    """The deployment's gauges; ``signals`` / ``output_estimate`` only when given (the maintenance step)."""
+    """The deployment's gauges; ``signals`` / ``output_estimate`` / ``prompt_scale`` only when given (the
+    maintenance step)."""
     metrics.gauge("backpressure_concurrency_limit", "Adaptive concurrency limit per deployment", ["deployment"]).labels(
         deployment_id
     ).set(limit)
@@ -48,6 +50,12 @@ def set_gauges(
             "Learned output tokens a request reserves in the deployment's KV cache (at most its max_tokens)",
             ["deployment"],
         ).labels(deployment_id).set(output_estimate)
+    if prompt_scale is not None:
+        metrics.gauge(
+            "backpressure_prompt_scale",
+            "Server prompt tokens per prompt token LiteLLM counts, learned per deployment (reservations scale by it)",
+            ["deployment"],
+        ).labels(deployment_id).set(prompt_scale)
 
 
 def count_refusal(model_group: str, tier: str, reason: str) -> None:

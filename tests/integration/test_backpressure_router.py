@@ -17,6 +17,7 @@ import litellm
 import pytest
 from litellm.proxy._types import UserAPIKeyAuth
 from litellm.router import Router
+from prometheus_client import REGISTRY
 
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.overload.signals import NvmlProbe
@@ -469,6 +470,8 @@ async def test_the_prompt_reserved_follows_the_servers_count_not_litellms(harnes
         assert outcome(await call(router, max_tokens=20, key=f"k{i}", prompt=prompt)) == (200, None)
     await settle(callback)
     assert callback.snapshot()["gpu1"]["prompt_scale"] == pytest.approx(2.0, rel=0.15)
+    gauge = REGISTRY.get_sample_value("litellm_ratebalance_backpressure_prompt_scale", {"deployment": "gpu1"})
+    assert gauge == callback.snapshot()["gpu1"]["prompt_scale"]
     task = asyncio.create_task(call(router, max_tokens=20, prompt=prompt))
     await _until(lambda: callback.snapshot()["gpu1"]["inflight"] == 1, "the request admitted")
     assert 560 <= callback.snapshot()["gpu1"]["reserved_tokens"] <= 720  # ~600 + 20, not ~310 + 20
