@@ -188,7 +188,7 @@ class CostMeter:
             return None
         self._local.add(deployment_id)
         half_life_ms, ttl_ms = self._durations(derived.settings.ratebalance.cost)
-        return MeterStart(half_life_ms, ttl_ms)
+        return MeterStart(half_life_ms=half_life_ms, ttl_ms=ttl_ms)
 
     def lease_started(self, deployment_id: str, lease_id: str, mark: CostMark | None) -> None:
         """``lease_id`` was taken on ``deployment_id`` with the start ``mark`` (``None``: not metered)."""
@@ -213,7 +213,11 @@ class CostMeter:
         cost = derived.settings.ratebalance.cost
         half_life_ms, ttl_ms = self._durations(cost)
         return MeterEnd(
-            entry.start, cost.deployment_gpus(entry.deployment_id), entry.output_tokens or 0, half_life_ms, ttl_ms
+            entry.start,
+            cost.deployment_gpus(entry.deployment_id),
+            entry.output_tokens or 0,
+            half_life_ms=half_life_ms,
+            ttl_ms=ttl_ms,
         )
 
     def lease_ended(self, lease_id: str, request: object, reserved_tokens: int, mark: CostMark | None) -> None:

@@ -26,10 +26,8 @@ def _positive_ms(value: int, what: str) -> int:
     return int(value)
 
 
-@dataclass(frozen=True, slots=True)
-class MeterStart:
-    """Mark the request's start with its lease."""
-
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Durations:
     half_life_ms: int
     """Half-life of the deployment's efficiency sums (> 0)."""
     ttl_ms: int
@@ -39,14 +37,19 @@ class MeterStart:
         _positive_ms(self.half_life_ms, "half-life")
         _positive_ms(self.ttl_ms, "ttl")
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeterStart(_Durations):
+    """Mark the request's start with its lease."""
+
     def script_args(self) -> list[object]:
         """The seven mark arguments of ``_sharing.lua``."""
         return ["start", "", "", "", "", self.half_life_ms, self.ttl_ms]
 
 
 @dataclass(frozen=True, slots=True)
-class MeterEnd:
-    """Mark the request's end with its release and charge it its share."""
+class MeterEnd(_Durations):
+    """Mark the request's end with its release and charge it its share (durations by keyword)."""
 
     start: Mark
     """The mark its lease acquire returned."""
@@ -54,12 +57,6 @@ class MeterEnd:
     """GPUs of the deployment: a busy second is this many GPU-seconds."""
     output_tokens: int
     """The response's output tokens (for the deployment's efficiency sums), >= 0."""
-    half_life_ms: int
-    ttl_ms: int
-
-    def __post_init__(self) -> None:
-        _positive_ms(self.half_life_ms, "half-life")
-        _positive_ms(self.ttl_ms, "ttl")
 
     def script_args(self) -> list[object]:
         """The seven mark arguments of ``_sharing.lua``."""

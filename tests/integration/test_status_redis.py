@@ -113,7 +113,9 @@ async def _drive(url: str, derived_id: str) -> dict[str, Any]:
     taken = await store.lease_acquire("chat-a", "lease-2", slot_cap=4, ttl_ms=60_000, cost_tokens=30, meter=meter)
     assert taken.cost is not None
     await asyncio.sleep(0.02)
-    await store.lease_release("chat-a", "lease-2", MeterEnd(taken.cost.mark, 1, 250, half_life_ms, 60_000))
+    await store.lease_release(
+        "chat-a", "lease-2", MeterEnd(taken.cost.mark, 1, 250, half_life_ms=half_life_ms, ttl_ms=60_000)
+    )
     efficiency = await store.cost_efficiency("chat-a", half_life_ms=half_life_ms)
     admission = await store.admission_snapshot("chat", 60_000)
     window = await store.contract_window(3600)
