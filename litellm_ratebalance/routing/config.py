@@ -140,7 +140,7 @@ class RoutingSettings(SettingsModel):
     with few slots is not piled onto. Only a clearly falling rate counts."""
     presume_slots: bool = True
     """With ``load_aware``: while a deployment's slots are neither configured (``model_info.slots``) nor learnt,
-    presume it has a few (4), or twice the most requests it has been seen to serve at once at full speed,
+    presume it has a few (2), or twice the most requests it has been seen to serve at once at full speed,
     and shrink its share as this replica's requests in flight fill them, as configured slots do (slow start:
     the presumption doubles as each load is proven). A deployment with few slots is then not piled onto
     while its load fit is still learning them. False: unknown slots count as unlimited."""

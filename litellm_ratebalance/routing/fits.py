@@ -32,7 +32,7 @@ SATURATION_MIN_WEIGHT = 3.0
 of one or two answers of mixed sizes can sit 25 % below the light-load rate on a deployment with slots to
 spare. (The light-load rate itself needs only ``LoadFit.MIN_LEVEL_WEIGHT``: a deployment with few slots is
 seldom seen nearly idle.)"""
-PRESUMED_SLOTS = 4.0
+PRESUMED_SLOTS = 2.0
 """Slots a deployment is presumed to have while its load fit has neither learnt its slots nor seen it serve
 more requests at once at full speed (see :meth:`LoadFit.presumed_slots`)."""
 SLOTS_GROWTH = 2.0
