@@ -570,12 +570,18 @@ def target_lines(scenarios: Sequence[Scenario], runs_by: dict[str, list[Run]]) -
         best_p95 = min(s.p95_latency for s in built_in)
         oracle = runs.get("oracle")
         need_oracle = scenario.name in ("stable-heterogeneous", "drift")
-        ratio_oracle = ours.mean_rate / oracle.summary.mean_rate if oracle else math.nan
         mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+        if oracle is None or not oracle.summary.mean_rate:
+            oracle_cell = "- (oracle not run)"
+        else:
+            ratio_oracle = ours.mean_rate / oracle.summary.mean_rate
+            oracle_cell = f"{ratio_oracle:.2f}" + (
+                f" {mark(ratio_oracle >= 0.85)} (target >= 0.85)" if need_oracle else ""
+            )
         lines.append(
-            f"| {scenario.name} | {ours.mean_rate / best_mean:.2f} {mark(ours.mean_rate > best_mean)} "
-            f"| {ours.p95_latency / best_p95:.2f} {mark(ours.p95_latency < best_p95)} "
-            f"| {ratio_oracle:.2f}" + (f" {mark(ratio_oracle >= 0.85)} (target >= 0.85)" if need_oracle else "") + " |"
+            f"| {scenario.name} | {_ratio(ours.mean_rate, best_mean)} {mark(ours.mean_rate > best_mean)} "
+            f"| {_ratio(ours.p95_latency, best_p95)} {mark(ours.p95_latency < best_p95)} "
+            f"| {oracle_cell} |"
         )
     return lines
 
@@ -791,9 +797,9 @@ def per_seed_table(names: Sequence[str], by_seed: dict[int, dict[str, list[Run]]
                     cells += ["-", "-"]
                     continue
                 mine = runs[o].summary.mean_rate
-                vs_lb = mine / least_busy if least_busy else math.nan
-                miss = " MISS" if vs_lb < MIN_VS_LEAST_BUSY else ""
-                cells += [f"{vs_lb:.2f}{miss}", f"{mine / best:.2f}" if best else "-"]
+                vs_lb = _ratio(mine, least_busy)
+                miss = " MISS" if vs_lb != "-" and mine < MIN_VS_LEAST_BUSY * least_busy else ""
+                cells += [vs_lb + miss, _ratio(mine, best)]
             lines.append(f"| {name} | {seed} | " + " | ".join(cells) + " |")
     return lines
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import DeploymentState, headroom_multiplier
-from litellm_ratebalance.routing.fits import LoadFit, SizeFit
+from litellm_ratebalance.routing.fits import PRESUMED_SLOTS, LoadFit, SizeFit
 from litellm_ratebalance.routing.inflight import InFlight
 from litellm_ratebalance.routing.types import Candidate
 from litellm_ratebalance.routing.view import GroupView
@@ -89,12 +89,18 @@ def load_correction(
     busy: float,
     window_mean: float,
     configured_slots: float | None = None,
+    *,
+    presume: bool = False,
 ) -> tuple[float, float | None, float]:
     """(load shift, load spread, slots-left multiplier) of a deployment with ``busy`` requests in flight
-    here, for the decision that would add one more; (0, None, 1) without a load fit or configured slots.
-    Configured slots stand for the learnt ones. ``fit``: the deployment's load fit (None: none, or load
-    awareness off)."""
+    here, for the decision that would add one more; (0, None, 1) without a load fit or configured slots
+    (and without ``presume``). Configured slots stand for the learnt ones. ``fit``: the deployment's load
+    fit (None: none yet, or load awareness off). ``presume`` (load awareness on): with neither configured
+    nor learnt slots, the fit's presumed slots (:meth:`~litellm_ratebalance.routing.fits.LoadFit.presumed_slots`;
+    :data:`~litellm_ratebalance.routing.fits.PRESUMED_SLOTS` without a fit) stand for them."""
     slots = configured_slots if configured_slots is not None else fit.slots() if fit is not None else None
+    if slots is None and presume:
+        slots = fit.presumed_slots() if fit is not None else PRESUMED_SLOTS
     # Configured, or seen saturated: scale the share down as the slots fill up (to 0 when full).
     slots_left = 1.0 if slots is None else headroom_multiplier(max(slots - busy, 0.0) / slots, SLOTS_HEADROOM)
     if fit is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Final
 
-__all__ = ["SATURATION_EVIDENCE", "SATURATION_MIN_WEIGHT", "LoadFit", "SizeFit"]
+__all__ = ["PRESUMED_SLOTS", "SATURATION_EVIDENCE", "SATURATION_MIN_WEIGHT", "SLOTS_GROWTH", "LoadFit", "SizeFit"]
 
 
 def _load_level(load: float, lightest: float, levels: int) -> int:
@@ -32,6 +32,12 @@ SATURATION_MIN_WEIGHT = 3.0
 of one or two answers of mixed sizes can sit 25 % below the light-load rate on a deployment with slots to
 spare. (The light-load rate itself needs only ``LoadFit.MIN_LEVEL_WEIGHT``: a deployment with few slots is
 seldom seen nearly idle.)"""
+PRESUMED_SLOTS = 2.0
+"""Slots a deployment is presumed to have while its load fit has neither learnt its slots nor seen it serve
+more requests at once at full speed (see :meth:`LoadFit.presumed_slots`)."""
+SLOTS_GROWTH = 2.0
+"""Presumed slots per request the deployment has been seen to serve at once at full speed (slow start: the
+presumption doubles as each load is proven)."""
 
 
 class LoadFit:
@@ -59,11 +65,18 @@ class LoadFit:
     ``carried_slots``: the slots a deployment's previous fit had learnt, when a change of its rate was
     detected (its rates from before are dropped, its capacity seldom changes with them). They stand until
     this fit sees saturation of its own, or sees the deployment busier than them and no slower for it.
+    ``carried_proven``: likewise, the load the previous fit had seen served at full speed.
+
+    While no slots are known, :meth:`presumed_slots` stands for them: a few (:data:`PRESUMED_SLOTS`), or
+    :data:`SLOTS_GROWTH` times the busiest load seen served at full speed, whichever is more. So a deployment
+    whose capacity is unknown is not piled onto before its fit can tell a few slots from many; the
+    presumption grows as fast as the deployment proves it keeps its rate under more requests.
     """
 
     __slots__ = (
         "_derived",
         "base_latency",
+        "carried_proven",
         "carried_slots",
         "last",
         "level_latencies",
@@ -86,9 +99,11 @@ class LoadFit:
     """Recency-weighted samples a load level needs before its mean rate stands for anything (the light-load
     rate, or the prediction at a load of that level)."""
 
-    def __init__(self, carried_slots: float | None = None) -> None:
+    def __init__(self, carried_slots: float | None = None, carried_proven: float = 0.0) -> None:
         self.carried_slots = carried_slots
         """Slots learnt before a change of regime, standing until this fit learns its own."""
+        self.carried_proven = carried_proven
+        """Load seen served at full speed before a change of regime (0: none)."""
         self.samples = 0
         self.level_sums = [0.0] * self.LEVELS
         self.level_loads = [0.0] * self.LEVELS
@@ -101,8 +116,14 @@ class LoadFit:
         self.residual_sq_sum = 0.0
         self.residual_weight = 0.0
         self.last = float("-inf")
-        self._derived: tuple[float | None, float | None, float | None, float | None] = (None, None, carried_slots, None)
-        """(light-load rate, top of its load level, slots, spread) as of the last sample."""
+        self._derived: tuple[float | None, float | None, float | None, float | None, float] = (
+            None,
+            None,
+            carried_slots,
+            None,
+            max(PRESUMED_SLOTS, SLOTS_GROWTH * carried_proven),
+        )
+        """(light-load rate, top of its load level, slots, spread, presumed slots) as of the last sample."""
 
     def add(
         self,
@@ -148,7 +169,9 @@ class LoadFit:
         if base_latency is not None and base_latency >= 0.0:
             self.base_latency = base_latency
         light = self._light()
-        self._derived = (*light, self._slots(light), self._spread())
+        slots, proven = self._slots(light)
+        presumed = max(PRESUMED_SLOTS, SLOTS_GROWTH * max(proven, self.carried_proven))
+        self._derived = (*light, slots, self._spread(), presumed)
 
     def _throughput(self) -> tuple[float, float]:
         """(peak, busiest load): the highest ``mean load x mean rate`` of a load level with weight enough
@@ -171,7 +194,7 @@ class LoadFit:
         once the deployment has been seen saturated, or carries slots. Before that, above the light-load
         level: the mean rate seen at ``load``'s own level (at most the light-load rate) when that level has
         samples enough, else None (a load never seen says nothing either way)."""
-        rate, ceiling, slots, _ = self._derived
+        rate, ceiling, slots, _, _ = self._derived
         if rate is None or ceiling is None or load <= 0 or self.samples < self.MIN_SAMPLES:
             return None
         if slots is None:
@@ -215,11 +238,18 @@ class LoadFit:
         """:meth:`_spread` as of the last sample."""
         return self._derived[3]
 
-    def _slots(self, light: tuple[float | None, float | None]) -> float | None:
-        """Requests the deployment serves at full speed, ``peak / light-load rate``, once it has been seen
-        saturated (busier than that, and slower for it); else the carried slots while no load beyond them
-        has been seen; else None: every load seen was served at about full speed (its capacity is then
-        unknown, not small).
+    def presumed_slots(self) -> float:
+        """Slots to act on while :meth:`slots` is None: :data:`SLOTS_GROWTH` times the busiest load (mean of a
+        load level with weight enough) the deployment has been seen to serve at full speed, at least
+        :data:`PRESUMED_SLOTS`. (Once the fit has seen saturation it is not used: :meth:`slots` says.)"""
+        return self._derived[4]
+
+    def _slots(self, light: tuple[float | None, float | None]) -> tuple[float | None, float]:
+        """(slots, proven load). Slots: requests the deployment serves at full speed, ``peak / light-load
+        rate``, once it has been seen saturated (busier than that, and slower for it); else the carried slots
+        while no load beyond them has been seen; else None: every load seen was served at about full speed
+        (its capacity is then unknown, not small). Proven load: that busiest load seen at full speed when
+        the slots are None, else 0.
 
         Whether it is saturated is judged on the samples' own rates; how many slots it then has, on the
         load-stretched part of the latency (:meth:`_stretched_rates`) where the samples have sizes, if that
@@ -228,17 +258,19 @@ class LoadFit:
         and drift lost about 2 % of their mean rate in benchmark runs)."""
         rate = light[0]
         if self.samples < self.MIN_SAMPLES or rate is None or rate <= 0.0:
-            return self.carried_slots
+            return self.carried_slots, 0.0
         peak, busiest = self._throughput()
         slots = peak / rate
         if slots < SATURATION_EVIDENCE * busiest:
             stretched = self._stretched_rates()
             if stretched is not None and stretched[0] > 0.0:
                 slots = min(slots, stretched[0] / stretched[1])
-            return slots
+            return slots, 0.0
         # Not seen saturated in this regime: the slots carried over stand while it has not been seen busier.
         carried = self.carried_slots
-        return carried if carried is not None and busiest < carried else None
+        if carried is not None and busiest < carried:
+            return carried, 0.0
+        return None, busiest
 
     def _stretched_rates(self) -> tuple[float, float] | None:
         """(peak, light-load rate) as :meth:`_throughput` and :meth:`_light` give them, but

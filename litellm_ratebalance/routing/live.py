@@ -148,7 +148,9 @@ def _evidence_state(
     load = float(len(queue))
     # (the fit is looked up once, for the load correction and the slowdown of overdue requests)
     fit = view.loads.get(deployment_id) if settings.load_aware else None
-    correction = evidence.load_correction(fit, load, state.window.mean, candidate.slots)
+    correction = evidence.load_correction(
+        fit, load, state.window.mean, candidate.slots, presume=settings.load_aware and settings.presume_slots
+    )
     stalled = evidence.stalled_count(queue, oldest, stall_limit)
     overdue: RateAggregate | None = None
     late: list[evidence.Late] = []

@@ -438,10 +438,15 @@ async def test_shares_shrink_as_learnt_slots_fill_up() -> None:
 async def test_configured_slots_cap_the_share_before_any_are_learnt(load_aware: bool) -> None:
     """a (2 slots configured, e.g. ``model_info.slots``) is faster than b; its share falls to nothing once
     this replica has 2 requests there, with no load fit (or one that has learnt no slots). Without the
-    setting, the same two requests leave most of the share with a."""
+    setting (and with unknown slots not presumed, see test_routing_slots.py), the same two requests leave
+    most of the share with a."""
     for configured, busy_share_at_most, busy_share_at_least in ((2.0, 0.01, 0.0), (None, 1.0, 0.5)):
         balancer, _ = make_balancer(
-            load_aware=load_aware, in_flight_evidence=True, stall_latency_factor=0.0, exploration_share=0.0
+            load_aware=load_aware,
+            presume_slots=False,
+            in_flight_evidence=True,
+            stall_latency_factor=0.0,
+            exploration_share=0.0,
         )
         feed(balancer, G, "a", [200.0, 190.0, 210.0, 200.0])
         feed(balancer, G, "b", [100.0, 90.0, 110.0, 100.0])
