@@ -417,7 +417,8 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
                 results, callback, samples, fill = await run_layer(server, profile, jobs, mode, args)
                 view = callback.snapshot().get("gpu1", {})
                 limits = sorted(int(s["limit"]) for s in samples if "limit" in s)
-                views[mode] = {"limits": limits, "view": view, "queue": samples.pop()}
+                reserves = sorted(int(s["top_reserve"]) for s in samples if "top_reserve" in s)
+                views[mode] = {"limits": limits, "reserves": reserves, "view": view, "queue": samples.pop()}
                 if args.debug:
                     for sample in samples:
                         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in sample.items()})
@@ -490,6 +491,12 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
                 f"{info['queue']['queued']:.0f} requests waited in the queue, "
                 f"{info['queue']['waited'] / max(1.0, info['queue']['queued']):.2f}s on average; event-loop lag p95 "
                 f"{info['queue']['lag_p95'] * 1000:.0f} ms; machine load average {info['queue']['load']:.1f}"
+            )
+        reserves = info["reserves"]
+        if reserves:
+            print(
+                f"{mode}: top-tier reserve sampled every 0.5s min {reserves[0]} / median "
+                f"{reserves[len(reserves) // 2]} / max {reserves[-1]} slots"
             )
 
     checks: list[tuple[str, bool]] = []

@@ -364,6 +364,8 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 "baseline_rtt_per_token": state.limit.baseline_rtt,
                 "short_rtt_per_token": state.limit.short_rtt,
                 "output_estimate_tokens": state.output.estimate(ctx.settings.output_estimate_quantile),
+                "top_reserve": ctx.top_reserve(state),
+                "top_inflight": state.top_inflight,
                 "signals": ctx.server_signals(state),
             }
             for deployment_id, state in ctx.deployments.items()

@@ -84,6 +84,8 @@ def learn(
         if state.mean_latency is None
         else state.mean_latency + _LATENCY_SMOOTHING * (latency - state.mean_latency)
     )
+    if ctx.tiers.is_top(lease.profile.rank):
+        state.demand.served(latency)  # the top tier's time in service: its reserve of slots
     if output is not None:
         state.output.learn(output)
     actual = (prompt or 0) + (output or 0)
