@@ -30,7 +30,7 @@ than the high one. Goodput: output tokens of successful requests completed insid
 (after a warm-up), per second. The server runs in a child process so the load generator's CPU does not slow
 its engine.
 
-``python bench/bench_backpressure.py [--profile knee|kv|both] [--modes without,max_tokens,learned]
+``python bench/bench_backpressure.py [--profile knee|kv|both] [--modes without,max_tokens,learned,no_reserve]
 [--seconds 25] [--seed 7] [--high-share 0.2] [--limit JSON] [--settings JSON] [--debug]`` (also part of ``make bench``).
 """
 
@@ -73,7 +73,15 @@ MAX_IN_FLIGHT = 400  # safety bound on concurrent client tasks
 UNLOADED_CONCURRENCY = 3
 CLOSED_LOOP_SECONDS = 12.0
 TIERS = ("high", "low")
-MODES = ("without", "max_tokens", "learned")
+MODES = ("without", "max_tokens", "learned", "no_reserve")
+DEFAULT_MODES = ("without", "max_tokens", "learned")
+MODE_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "max_tokens": ("max_tokens", {}),
+    "learned": ("learned", {}),
+    "no_reserve": ("learned", {"top_reserve_quantile": 0.0}),
+}
+"""Per layer mode: its ``output_estimate`` and further settings (``no_reserve``: the defaults without the top
+tier's reserve of slots, for a comparison on the same request sequence)."""
 
 
 _WORD_TEXT = (
@@ -322,8 +330,9 @@ def summarise(results: Sequence[Result], seconds: float, oom_failures: int, cach
 
 
 async def run_layer(
-    server: InferenceServerProcess, profile: Profile, jobs: Sequence[Job], output_estimate: str, args: Any
+    server: InferenceServerProcess, profile: Profile, jobs: Sequence[Job], mode: str, args: Any
 ) -> tuple[list[Result], BackpressureCallback, list[dict[str, Any]], float]:
+    output_estimate, mode_settings = MODE_SETTINGS[mode]
     reset_runtime()
     configure(
         settings=parse_settings(
@@ -336,6 +345,7 @@ async def run_layer(
                         "limit": json.loads(args.limit),
                         "queue": {"enabled": True, "max_wait_seconds": 10},
                         "deployments": {"gpu1": {"metrics_url": server.metrics_url}},
+                        **mode_settings,
                         **json.loads(args.settings),
                     }
                 }
@@ -524,7 +534,11 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
 async def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--profile", choices=["knee", "kv", "both"], default="both")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument(
+        "--modes",
+        default=",".join(DEFAULT_MODES),
+        help=f"comma-separated, of {', '.join(MODES)} (no_reserve: learned with top_reserve_quantile 0)",
+    )
     parser.add_argument("--seconds", type=float, default=25.0, help="overload duration per mode")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
