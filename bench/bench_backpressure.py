@@ -21,8 +21,11 @@ Per profile:
    the KV cache): their p95 latency per output token;
 3. **overload**: Poisson arrivals at 3x the best closed loop (20% high priority) for ``--seconds``, through
    a Router without the layer, then with ``BackpressureCallback`` reserving ``max_tokens`` (``output_estimate:
-   max_tokens``, the former behaviour), then with the defaults (``learned``). Layer settings: tiers
-   ``[low, high]``, ``kv_cache_tokens`` of the server, metrics scraped, queue on (max wait 10 s).
+   max_tokens``, the former behaviour), then with the defaults (``learned``). ``--modes`` may add
+   ``no_reserve`` (the defaults with ``top_reserve_quantile: 0``, no reserve of slots for the top tier) and
+   ``stale_kv`` (the scraped KV-cache usage used as read, not less the requests finished since the scrape)
+   for a comparison on the same request sequence. Layer settings: tiers ``[low, high]``, ``kv_cache_tokens``
+   of the server, metrics scraped, queue on (max wait 10 s).
 
 Targets (``learned``, each profile): high priority refused <= 5%, high p95 per output token <= 1.5x
 unloaded, zero simulated OOM failures, goodput >= 85% of the best closed loop, the low tier refused more
@@ -61,6 +64,7 @@ from litellm.router import Router
 from prometheus_client import REGISTRY
 
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
+from litellm_ratebalance.proxy.backpressure_book import DeploymentState
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.simulate.inference_server import InferenceServerProcess, ServerSpec, answer_length
@@ -73,15 +77,17 @@ MAX_IN_FLIGHT = 400  # safety bound on concurrent client tasks
 UNLOADED_CONCURRENCY = 3
 CLOSED_LOOP_SECONDS = 12.0
 TIERS = ("high", "low")
-MODES = ("without", "max_tokens", "learned", "no_reserve")
+MODES = ("without", "max_tokens", "learned", "no_reserve", "stale_kv")
 DEFAULT_MODES = ("without", "max_tokens", "learned")
 MODE_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "max_tokens": ("max_tokens", {}),
     "learned": ("learned", {}),
     "no_reserve": ("learned", {"top_reserve_quantile": 0.0}),
+    "stale_kv": ("learned", {}),
 }
 """Per layer mode: its ``output_estimate`` and further settings (``no_reserve``: the defaults without the top
-tier's reserve of slots, for a comparison on the same request sequence)."""
+tier's reserve of slots; ``stale_kv``: the defaults, but the scraped KV-cache usage is used as read, without
+subtracting the requests finished since the scrape; both for a comparison on the same request sequence)."""
 
 
 _WORD_TEXT = (
@@ -148,6 +154,13 @@ class Result:
     started: float
     ended: float
     output_tokens: int
+
+
+_FINISHED = DeploymentState.finished
+
+
+def _no_freed(self: DeploymentState, started: float, ended: float, prompt_tokens: int, output_tokens: int) -> None:
+    """``DeploymentState.finished`` for the ``stale_kv`` mode: the reading stands until the next scrape."""
 
 
 def make_job(rng: random.Random, profile: Profile, at: float, priority: str, index: int) -> Job:
@@ -333,6 +346,8 @@ async def run_layer(
     server: InferenceServerProcess, profile: Profile, jobs: Sequence[Job], mode: str, args: Any
 ) -> tuple[list[Result], BackpressureCallback, list[dict[str, Any]], float]:
     output_estimate, mode_settings = MODE_SETTINGS[mode]
+    # stale_kv: nothing finished is subtracted from the last reading (the bench only; not a setting).
+    DeploymentState.finished = _no_freed if mode == "stale_kv" else _FINISHED  # type: ignore[method-assign]
     reset_runtime()
     configure(
         settings=parse_settings(
@@ -537,7 +552,8 @@ async def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--modes",
         default=",".join(DEFAULT_MODES),
-        help=f"comma-separated, of {', '.join(MODES)} (no_reserve: learned with top_reserve_quantile 0)",
+        help=f"comma-separated, of {', '.join(MODES)} (no_reserve: learned with top_reserve_quantile 0; stale_kv: "
+        "learned without subtracting finished requests from the scraped KV-cache usage)",
     )
     parser.add_argument("--seconds", type=float, default=25.0, help="overload duration per mode")
     parser.add_argument("--seed", type=int, default=7)

@@ -28,7 +28,7 @@ from litellm_ratebalance.overload.output import OutputEstimate
 from litellm_ratebalance.overload.queue import FairQueue
 from litellm_ratebalance.overload.reserve import TopDemand
 from litellm_ratebalance.overload.shedding import Tiers, Verdict, decide
-from litellm_ratebalance.overload.signals import SignalBoard, server_signals
+from litellm_ratebalance.overload.signals import SignalBoard, held_at_scrape, server_signals
 
 __all__ = ["PROCESS", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
 
@@ -78,6 +78,7 @@ class DeploymentState:
         "counted_at",
         "demand",
         "dispatcher",
+        "freed_tokens",
         "inflight",
         "leases",
         "limit",
@@ -86,6 +87,7 @@ class DeploymentState:
         "output",
         "queue",
         "reserved_tokens",
+        "scraped_at",
         "top_inflight",
         "typical_cost",
         "wake",
@@ -123,6 +125,18 @@ class DeploymentState:
         """The top tier's arrival rate and time in service here, as this process sees them (its reserve)."""
         self.top_inflight = 0
         """This process's top-tier leases on this deployment (they count towards the top tier's reserve)."""
+        self.scraped_at = math.inf
+        """When the last good metrics scrape of this deployment answered (monotonic seconds)."""
+        self.freed_tokens = 0.0
+        """KV-cache tokens that requests of this process finished since that scrape held in its reading."""
+
+    def scraped(self, now: float) -> None:
+        """A metrics scrape answered at ``now``: the memory freed before it is in its reading."""
+        self.scraped_at, self.freed_tokens = now, 0.0
+
+    def finished(self, started: float, ended: float, prompt_tokens: int, output_tokens: int) -> None:
+        """A request of this process ended at ``ended``: subtract what it held from the last reading."""
+        self.freed_tokens += held_at_scrape(self.scraped_at, started, ended, prompt_tokens, output_tokens)
 
     def note_cost(self, cost: int) -> None:
         """Fold an admitted request's reservation into :attr:`typical_cost` (weight 0.1: ~10 requests)."""
@@ -228,6 +242,7 @@ class Context:
             kv_cache_tokens=config.kv_cache_tokens,
             server_queue_limit=config.server_queue_limit,
             gpu_utilization=self.settings.signals.gpu_utilization,
+            freed_tokens=state.freed_tokens,
         )
 
     def decide(self, state: DeploymentState, profile: Profile, *, queued: bool = False) -> Verdict:
