@@ -22,7 +22,7 @@ Per profile:
 3. **overload**: Poisson arrivals at 3x the best closed loop (20% high priority) for ``--seconds``, through
    a Router without the layer, then with ``BackpressureCallback`` reserving ``max_tokens`` (``output_estimate:
    max_tokens``, the former behaviour), then with the defaults (``learned``). ``--modes`` may add
-   ``reserve`` (the defaults with ``top_reserve_quantile: 0.5``, a reserve of slots for the top tier) and
+   ``no_reserve`` (the defaults with ``top_reserve_quantile: 0``, no reserve of slots for the top tier) and
    ``stale_kv`` (the scraped KV-cache usage used as read, not less the requests finished since the scrape)
    for a comparison on the same request sequence. Layer settings: tiers ``[low, high]``, ``kv_cache_tokens``
    of the server, metrics scraped, queue on (max wait 10 s).
@@ -33,7 +33,7 @@ than the high one. Goodput: output tokens of successful requests completed insid
 (after a warm-up), per second. The server runs in a child process so the load generator's CPU does not slow
 its engine.
 
-``python bench/bench_backpressure.py [--profile knee|kv|both] [--modes without,max_tokens,learned,reserve,stale_kv]
+``python bench/bench_backpressure.py [--profile knee|kv|both] [--modes without,max_tokens,learned,no_reserve,stale_kv]
 [--seconds 25] [--seed 7] [--high-share 0.2] [--limit JSON] [--settings JSON] [--debug]`` (also part of ``make bench``).
 """
 
@@ -77,16 +77,16 @@ MAX_IN_FLIGHT = 400  # safety bound on concurrent client tasks
 UNLOADED_CONCURRENCY = 3
 CLOSED_LOOP_SECONDS = 12.0
 TIERS = ("high", "low")
-MODES = ("without", "max_tokens", "learned", "reserve", "stale_kv")
+MODES = ("without", "max_tokens", "learned", "no_reserve", "stale_kv")
 DEFAULT_MODES = ("without", "max_tokens", "learned")
 MODE_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "max_tokens": ("max_tokens", {}),
     "learned": ("learned", {}),
-    "reserve": ("learned", {"top_reserve_quantile": 0.5}),
+    "no_reserve": ("learned", {"top_reserve_quantile": 0.0}),
     "stale_kv": ("learned", {}),
 }
-"""Per layer mode: its ``output_estimate`` and further settings (``reserve``: the defaults with the top tier's
-reserve of slots, ``top_reserve_quantile: 0.5``; ``stale_kv``: the defaults, but the scraped KV-cache usage is
+"""Per layer mode: its ``output_estimate`` and further settings (``no_reserve``: the defaults without the top
+tier's reserve of slots, ``top_reserve_quantile: 0``; ``stale_kv``: the defaults, but the scraped KV-cache usage is
 used as read, without subtracting the requests finished since the scrape; both for a comparison on the same
 request sequence)."""
 
@@ -553,7 +553,7 @@ async def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--modes",
         default=",".join(DEFAULT_MODES),
-        help=f"comma-separated, of {', '.join(MODES)} (reserve: learned with top_reserve_quantile 0.5; stale_kv: "
+        help=f"comma-separated, of {', '.join(MODES)} (no_reserve: learned with top_reserve_quantile 0; stale_kv: "
         "learned without subtracting finished requests from the scraped KV-cache usage)",
     )
     parser.add_argument("--seconds", type=float, default=25.0, help="overload duration per mode")
