@@ -21,8 +21,11 @@ Per profile:
    the KV cache): their p95 latency per output token;
 3. **overload**: Poisson arrivals at 3x the best closed loop (20% high priority) for ``--seconds``, through
    a Router without the layer, then with ``BackpressureCallback`` reserving ``max_tokens`` (``output_estimate:
-   max_tokens``, the former behaviour), then with the defaults (``learned``). Layer settings: tiers
-   ``[low, high]``, ``kv_cache_tokens`` of the server, metrics scraped, queue on (max wait 10 s).
+   max_tokens``, the former behaviour), then with the defaults (``learned``). ``--modes`` may add
+   ``no_reserve`` (the defaults with ``top_reserve_quantile: 0``, no reserve of slots for the top tier) and
+   ``stale_kv`` (the scraped KV-cache usage used as read, not less the requests finished since the scrape)
+   for a comparison on the same request sequence. Layer settings: tiers ``[low, high]``, ``kv_cache_tokens``
+   of the server, metrics scraped, queue on (max wait 10 s).
 
 Targets (``learned``, each profile): high priority refused <= 5%, high p95 per output token <= 1.5x
 unloaded, zero simulated OOM failures, goodput >= 85% of the best closed loop, the low tier refused more
@@ -30,7 +33,7 @@ than the high one. Goodput: output tokens of successful requests completed insid
 (after a warm-up), per second. The server runs in a child process so the load generator's CPU does not slow
 its engine.
 
-``python bench/bench_backpressure.py [--profile knee|kv|both] [--modes without,max_tokens,learned]
+``python bench/bench_backpressure.py [--profile knee|kv|both] [--modes without,max_tokens,learned,no_reserve,stale_kv]
 [--seconds 25] [--seed 7] [--high-share 0.2] [--limit JSON] [--settings JSON] [--debug]`` (also part of ``make bench``).
 """
 
@@ -61,6 +64,7 @@ from litellm.router import Router
 from prometheus_client import REGISTRY
 
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
+from litellm_ratebalance.proxy.backpressure_book import DeploymentState
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.simulate.inference_server import InferenceServerProcess, ServerSpec, answer_length
@@ -73,7 +77,18 @@ MAX_IN_FLIGHT = 400  # safety bound on concurrent client tasks
 UNLOADED_CONCURRENCY = 3
 CLOSED_LOOP_SECONDS = 12.0
 TIERS = ("high", "low")
-MODES = ("without", "max_tokens", "learned")
+MODES = ("without", "max_tokens", "learned", "no_reserve", "stale_kv")
+DEFAULT_MODES = ("without", "max_tokens", "learned")
+MODE_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "max_tokens": ("max_tokens", {}),
+    "learned": ("learned", {}),
+    "no_reserve": ("learned", {"top_reserve_quantile": 0.0}),
+    "stale_kv": ("learned", {}),
+}
+"""Per layer mode: its ``output_estimate`` and further settings (``no_reserve``: the defaults without the top
+tier's reserve of slots, ``top_reserve_quantile: 0``; ``stale_kv``: the defaults, but the scraped KV-cache usage is
+used as read, without subtracting the requests finished since the scrape; both for a comparison on the same
+request sequence)."""
 
 
 _WORD_TEXT = (
@@ -140,6 +155,13 @@ class Result:
     started: float
     ended: float
     output_tokens: int
+
+
+_FINISHED = DeploymentState.finished
+
+
+def _no_freed(self: DeploymentState, started: float, ended: float, prompt_tokens: int, output_tokens: int) -> None:
+    """``DeploymentState.finished`` for the ``stale_kv`` mode: the reading stands until the next scrape."""
 
 
 def make_job(rng: random.Random, profile: Profile, at: float, priority: str, index: int) -> Job:
@@ -322,8 +344,11 @@ def summarise(results: Sequence[Result], seconds: float, oom_failures: int, cach
 
 
 async def run_layer(
-    server: InferenceServerProcess, profile: Profile, jobs: Sequence[Job], output_estimate: str, args: Any
+    server: InferenceServerProcess, profile: Profile, jobs: Sequence[Job], mode: str, args: Any
 ) -> tuple[list[Result], BackpressureCallback, list[dict[str, Any]], float]:
+    output_estimate, mode_settings = MODE_SETTINGS[mode]
+    # stale_kv: nothing finished is subtracted from the last reading (the bench only; not a setting).
+    DeploymentState.finished = _no_freed if mode == "stale_kv" else _FINISHED  # type: ignore[method-assign]
     reset_runtime()
     configure(
         settings=parse_settings(
@@ -336,6 +361,7 @@ async def run_layer(
                         "limit": json.loads(args.limit),
                         "queue": {"enabled": True, "max_wait_seconds": 10},
                         "deployments": {"gpu1": {"metrics_url": server.metrics_url}},
+                        **mode_settings,
                         **json.loads(args.settings),
                     }
                 }
@@ -417,7 +443,8 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
                 results, callback, samples, fill = await run_layer(server, profile, jobs, mode, args)
                 view = callback.snapshot().get("gpu1", {})
                 limits = sorted(int(s["limit"]) for s in samples if "limit" in s)
-                views[mode] = {"limits": limits, "view": view, "queue": samples.pop()}
+                reserves = sorted(int(s["top_reserve"]) for s in samples if "top_reserve" in s)
+                views[mode] = {"limits": limits, "reserves": reserves, "view": view, "queue": samples.pop()}
                 if args.debug:
                     for sample in samples:
                         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in sample.items()})
@@ -491,6 +518,12 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
                 f"{info['queue']['waited'] / max(1.0, info['queue']['queued']):.2f}s on average; event-loop lag p95 "
                 f"{info['queue']['lag_p95'] * 1000:.0f} ms; machine load average {info['queue']['load']:.1f}"
             )
+        reserves = info["reserves"]
+        if reserves:
+            print(
+                f"{mode}: top-tier reserve sampled every 0.5s min {reserves[0]} / median "
+                f"{reserves[len(reserves) // 2]} / max {reserves[-1]} slots"
+            )
 
     checks: list[tuple[str, bool]] = []
     if "learned" in summaries:
@@ -517,7 +550,12 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
 async def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--profile", choices=["knee", "kv", "both"], default="both")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument(
+        "--modes",
+        default=",".join(DEFAULT_MODES),
+        help=f"comma-separated, of {', '.join(MODES)} (no_reserve: learned with top_reserve_quantile 0; stale_kv: "
+        "learned without subtracting finished requests from the scraped KV-cache usage)",
+    )
     parser.add_argument("--seconds", type=float, default=25.0, help="overload duration per mode")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(

@@ -183,6 +183,13 @@ class BackpressureSettings(SettingsModel):
     output_estimate_quantile: Fraction | None = None
     """Unset: reserve the mean learned answer. A fraction: that quantile of the learned answers instead (0.9
     reserves more per request, leaving part of the cache unused, for workloads with a few very long answers)."""
+    top_reserve_quantile: Annotated[float, Field(ge=0.0, le=0.99)] = 0.5
+    """Slots of each deployment that tiers below the highest leave free for the highest tier's own arrivals:
+    the ``top_reserve_quantile`` quantile of the number of top-tier requests in flight, estimated by Little's
+    law (the top tier's arrival rate x its mean time in service, per proxy replica; see
+    ``overload/reserve.py``). The top tier's requests in flight count towards it. 0: off, only the one slot
+    every lower tier leaves; higher values make top-tier waits behind lower tiers rarer and leave more slots
+    idle while the top tier is quiet (bench/results/backpressure.md, 2026-12-06 second section)."""
     default_output_tokens: Annotated[int, Field(ge=0, le=10_000_000)] = 256
     """Output tokens reserved before anything is learned (``learned``), or by a request that sets neither
     max_tokens nor max_completion_tokens (``max_tokens``)."""

@@ -25,7 +25,8 @@ Definitions:
      ``concurrency_limit`` (or waits in the queue where one is enabled). A lower tier may take a slot while
      the concurrency signal, ``in flight / limit``, is below ``θ`` (judged before the admission, as the
      server signals in 1. are) and one slot at least stays free for the tiers above -> else shed (503
-     ``compute_saturation``);
+     ``compute_saturation``). With a top-tier reserve ``R`` (:mod:`.reserve`), a lower tier also leaves
+     ``R`` less the top tier's requests already in flight free: ``in flight + 1 <= limit - max(0, R - top)``;
   4. a request of a higher tier is waiting for this deployment (``waiting_rank`` > ``t``) -> shed (503,
      ``memory_pressure`` when the tokens are the tighter resource, else ``compute_saturation``): what
      frees up goes to the waiting request, not to a lower tier arriving after it;
@@ -210,6 +211,8 @@ def decide(
     kv_cache_tokens: int | None = None,
     waiting_rank: int | None = None,
     headroom_tokens: int = 0,
+    top_reserve: int = 0,
+    top_inflight: int = 0,
 ) -> Verdict:
     """Decide one request of tier ``rank`` against one deployment (see the module docstring).
 
@@ -217,10 +220,15 @@ def decide(
     ``waiting_rank``: the highest tier of the requests waiting in this deployment's queue (``None``: none).
     ``headroom_tokens``: the KV-cache tokens a tier below the highest leaves for the tiers above (the
     tokens of a typical request), so a top-tier request finds room without waiting for a lower one to end.
+    ``top_reserve``: slots a tier below the highest leaves for the highest tier's own arrivals
+    (:func:`~litellm_ratebalance.overload.reserve.reserve_slots`); ``top_inflight``: the highest tier's
+    requests in flight, which count towards that reserve.
     """
     top = n_tiers <= 1 or rank >= n_tiers - 1
     threshold = tier_threshold(rank, n_tiers, shed_threshold, hard_threshold)
     slots = tier_slots(rank, n_tiers, limit, shed_threshold, hard_threshold)
+    if not top and top_reserve > 0:
+        slots = max(0, min(slots, limit - max(0, top_reserve - max(0, top_inflight))))
     token_cap = None if kv_cache_tokens is None else math.floor(threshold * kv_cache_tokens)
     if token_cap is not None and kv_cache_tokens is not None and not top and headroom_tokens > 0:
         token_cap = max(0, min(token_cap, math.floor(hard_threshold * kv_cache_tokens) - headroom_tokens))

@@ -365,6 +365,8 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 "short_rtt_per_token": state.limit.short_rtt,
                 "output_estimate_tokens": state.output.estimate(ctx.settings.output_estimate_quantile),
                 "prompt_scale": state.prompt_scale.factor,
+                "top_reserve": ctx.top_reserve(state),
+                "top_inflight": state.top_inflight,
                 "signals": ctx.server_signals(state),
             }
             for deployment_id, state in ctx.deployments.items()

@@ -63,6 +63,8 @@ _NO_PROMPT = Profile("", 0, 0, None, "", 1.0)
 async def admit(ctx: Context, state: DeploymentState, profile: Profile, call_id: str) -> Lease | None:
     """Take a slot (waiting in the queue where that is allowed) or raise the refusal; ``None`` when the
     store failed and fail_mode is open (admitted without a lease)."""
+    if ctx.tiers.is_top(profile.rank):
+        state.demand.arrive(ctx.clock())  # the top tier's arrival rate: its reserve of slots
     verdict = ctx.decide(state, profile)
     queue_on = state.config.queue_enabled
     if not verdict.admitted and not (verdict.queueable and queue_on):

@@ -27,8 +27,9 @@ from litellm_ratebalance.overload.limits import GradientLimit, LimitConfig
 from litellm_ratebalance.overload.output import OutputEstimate
 from litellm_ratebalance.overload.prompt import PromptScale
 from litellm_ratebalance.overload.queue import FairQueue
+from litellm_ratebalance.overload.reserve import TopDemand
 from litellm_ratebalance.overload.shedding import Tiers, Verdict, decide
-from litellm_ratebalance.overload.signals import SignalBoard, server_signals
+from litellm_ratebalance.overload.signals import SignalBoard, held_at_scrape, server_signals
 
 __all__ = ["PROCESS", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
 
@@ -76,7 +77,9 @@ class DeploymentState:
     __slots__ = (
         "config",
         "counted_at",
+        "demand",
         "dispatcher",
+        "freed_tokens",
         "inflight",
         "leases",
         "limit",
@@ -86,6 +89,8 @@ class DeploymentState:
         "prompt_scale",
         "queue",
         "reserved_tokens",
+        "scraped_at",
+        "top_inflight",
         "typical_cost",
         "wake",
     )
@@ -119,6 +124,22 @@ class DeploymentState:
         self.typical_cost = 0.0
         """Moving average of the tokens the requests admitted here reserved (the headroom a lower tier
         leaves for the tiers above: one typical request)."""
+        self.demand = TopDemand()
+        """The top tier's arrival rate and time in service here, as this process sees them (its reserve)."""
+        self.top_inflight = 0
+        """This process's top-tier leases on this deployment (they count towards the top tier's reserve)."""
+        self.scraped_at = math.inf
+        """When the last good metrics scrape of this deployment answered (monotonic seconds)."""
+        self.freed_tokens = 0.0
+        """KV-cache tokens that requests of this process finished since that scrape held in its reading."""
+
+    def scraped(self, now: float) -> None:
+        """A metrics scrape answered at ``now``: the memory freed before it is in its reading."""
+        self.scraped_at, self.freed_tokens = now, 0.0
+
+    def finished(self, started: float, ended: float, prompt_tokens: int, output_tokens: int) -> None:
+        """A request of this process ended at ``ended``: subtract what it held from the last reading."""
+        self.freed_tokens += held_at_scrape(self.scraped_at, started, ended, prompt_tokens, output_tokens)
 
     def note_cost(self, cost: int) -> None:
         """Fold an admitted request's reservation into :attr:`typical_cost` (weight 0.1: ~10 requests)."""
@@ -185,6 +206,8 @@ class Context:
     def hold(self, state: DeploymentState, lease: Lease) -> None:
         state.leases[lease.lease_id] = lease
         self.calls.setdefault(lease.call_id, []).append(lease)
+        if self.tiers.is_top(lease.profile.rank):
+            state.top_inflight += 1
 
     def forget(self, lease: Lease) -> DeploymentState | None:
         """Take ``lease`` out of the book (no store call); its deployment's state, if still known."""
@@ -195,8 +218,9 @@ class Context:
             if not leases:
                 del self.calls[lease.call_id]
         state = self.deployments.get(lease.deployment_id)
-        if state is not None:
-            state.leases.pop(lease.lease_id, None)
+        held = state is not None and state.leases.pop(lease.lease_id, None) is not None
+        if state is not None and held and self.tiers.is_top(lease.profile.rank):
+            state.top_inflight = max(0, state.top_inflight - 1)
         return state
 
     # -- the decision ---------------------------------------------------------------------------------------
@@ -222,6 +246,7 @@ class Context:
             kv_cache_tokens=config.kv_cache_tokens,
             server_queue_limit=config.server_queue_limit,
             gpu_utilization=self.settings.signals.gpu_utilization,
+            freed_tokens=state.freed_tokens,
         )
 
     def decide(self, state: DeploymentState, profile: Profile, *, queued: bool = False) -> Verdict:
@@ -241,7 +266,17 @@ class Context:
             kv_cache_tokens=state.config.kv_cache_tokens,
             waiting_rank=None if queued else state.queue.top_rank(),
             headroom_tokens=math.ceil(state.typical_cost),
+            top_reserve=self.top_reserve(state),
+            top_inflight=state.top_inflight,
         )
+
+    def top_reserve(self, state: DeploymentState) -> int:
+        """Slots the tiers below the highest leave free for it on ``state`` now (see ``overload/reserve.py``);
+        0 with a single tier or ``top_reserve_quantile: 0``."""
+        quantile = self.settings.top_reserve_quantile
+        if quantile <= 0 or len(self.tiers) <= 1:
+            return 0
+        return state.demand.reserve(self.clock(), quantile, state.mean_latency)
 
     def queue_depth(self, state: DeploymentState) -> int:
         """Requests waiting for this deployment: in our queue plus inside the server (when scraped)."""

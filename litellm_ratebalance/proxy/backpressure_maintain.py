@@ -37,15 +37,19 @@ async def maintain_once(ctx: Context) -> None:
     settings = ctx.settings
     now = ctx.clock()
     deployments = list(ctx.deployments.values())
+    scraped = [s for s in deployments if s.config.metrics_url]
     scrapes = [
         ctx.board.scrape(
-            s.deployment_id, s.config.metrics_url, s.config.server, settings.signals.scrape_timeout_seconds, now
+            s.deployment_id, s.config.metrics_url or "", s.config.server, settings.signals.scrape_timeout_seconds, now
         )
-        for s in deployments
-        if s.config.metrics_url
+        for s in scraped
     ]
     if scrapes:
-        await asyncio.gather(*scrapes, return_exceptions=True)
+        readings = await asyncio.gather(*scrapes, return_exceptions=True)
+        answered = ctx.clock()  # requests ending after this are in the readings (see held_at_scrape)
+        for state, reading in zip(scraped, readings, strict=True):
+            if reading is not None and not isinstance(reading, BaseException):
+                state.scraped(answered)
     if settings.signals.nvml:
         for indices in {s.config.gpu_indices for s in deployments}:
             ctx.board.sample_gpus(indices, now)

@@ -85,6 +85,10 @@ def learn(
         if state.mean_latency is None
         else state.mean_latency + _LATENCY_SMOOTHING * (latency - state.mean_latency)
     )
+    if prompt is not None and output is not None:
+        state.finished(lease.started, now, prompt, output)  # its memory leaves the last KV-cache reading
+    if ctx.tiers.is_top(lease.profile.rank):
+        state.demand.served(latency)  # the top tier's time in service: its reserve of slots
     if output is not None:
         state.output.learn(output)
     if prompt is not None:

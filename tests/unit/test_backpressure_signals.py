@@ -7,14 +7,17 @@ from typing import TypedDict
 
 import pytest
 
+from litellm_ratebalance.overload.config import BackpressureSettings
 from litellm_ratebalance.overload.signals import (
     GpuSample,
     NvmlProbe,
     ServerMetrics,
     SignalBoard,
+    held_at_scrape,
     parse_metrics,
     server_signals,
 )
+from litellm_ratebalance.proxy.backpressure_book import DeploymentState
 from litellm_ratebalance.simulate.fake_nvml import FakeNvml
 
 VLLM = """\
@@ -154,3 +157,33 @@ async def test_board_without_probe_has_no_gpu_readings() -> None:
     board = SignalBoard(fetch=lambda url, timeout: None)  # type: ignore[arg-type,return-value]
     assert board.sample_gpus([0], 0.0) is None
     assert board.gpus([0], 0.0, 10.0) is None
+
+
+def test_memory_of_requests_finished_since_the_scrape_leaves_the_reading() -> None:
+    # Scrape answered at t = 10. A request from t = 8 to t = 12 with a 300-token prompt and 100 tokens of
+    # output had generated half of them at the reading: it held 350 tokens there.
+    assert held_at_scrape(10.0, 8.0, 12.0, 300, 100) == 350.0
+    assert held_at_scrape(10.0, 10.5, 12.0, 300, 100) == 0.0  # started after the reading: not in it
+    assert held_at_scrape(10.0, 8.0, 9.5, 300, 100) == 0.0  # ended before it: already out of it
+    assert held_at_scrape(10.0, 8.0, 10.0, 300, 100) == 0.0  # ended while the scrape was answered: maybe in it
+    # The reading (60% of 3,000 tokens) less what finished since: 1,800 - 350 - 350 = 1,100 tokens.
+    metrics = ServerMetrics(running=4, waiting=0, kv_cache_usage=0.6)
+    fresh = server_signals(metrics, None, kv_cache_tokens=3000, server_queue_limit=32, gpu_utilization=False,
+                           freed_tokens=700.0)  # fmt: skip
+    assert fresh["kv_cache"] == pytest.approx(1100 / 3000)
+    assert server_signals(metrics, None, kv_cache_tokens=3000, server_queue_limit=32, gpu_utilization=False,
+                          freed_tokens=5000.0)["kv_cache"] == 0.0  # fmt: skip
+    # Without a capacity there is no scale to subtract on: the reading stands.
+    assert server_signals(metrics, None, kv_cache_tokens=None, server_queue_limit=32, gpu_utilization=False,
+                          freed_tokens=700.0)["kv_cache"] == 0.6  # fmt: skip
+    # The deployment's book: the sum restarts at each scrape; nothing is subtracted before the first one.
+    config = BackpressureSettings(kv_cache_tokens=3000).for_deployment("gpu1", {"backpressure": {}})
+    state = DeploymentState(config, "local", BackpressureSettings().limit)
+    state.finished(8.0, 12.0, 300, 100)
+    assert state.freed_tokens == 0.0
+    state.scraped(10.0)
+    state.finished(8.0, 12.0, 300, 100)
+    state.finished(9.0, 11.0, 300, 100)
+    assert state.freed_tokens == 700.0
+    state.scraped(13.0)
+    assert state.freed_tokens == 0.0
