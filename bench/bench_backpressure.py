@@ -50,7 +50,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,10 @@ class Profile:
     """Concurrencies tried for the best closed loop."""
     unloaded_requests: int
     """Requests of the unloaded reference (short answers need more: their per-token p95 is noisier)."""
+    prompt_text: str = "words"
+    """``words``: prompts of three-letter words, which the simulator and LiteLLM's token counter count alike;
+    ``runs``: one character repeated, which LiteLLM counts at about half the simulator's tokens (a model
+    whose tokenizer differs from LiteLLM's count: the layer must learn the server's count)."""
 
 
 PROFILES = {
@@ -166,10 +170,14 @@ def _no_freed(self: DeploymentState, started: float, ended: float, prompt_tokens
 
 def make_job(rng: random.Random, profile: Profile, at: float, priority: str, index: int) -> Job:
     tokens = rng.randint(*profile.prompt_tokens)
-    # Three-letter words: the simulator counts 4 characters per token and LiteLLM's counter one token per
-    # word (plus a few for the chat format), so both see the same prompt size. (A run of one character
-    # would count half as many tokens in LiteLLM as in the simulator, and the layer would under-reserve.)
-    content = f"request {index}: " + " ".join(rng.choice(WORDS) for _ in range(tokens))
+    head = f"request {index}: "
+    if profile.prompt_text == "runs":
+        # The simulator counts 4 characters per token; LiteLLM's counter about 8 of one repeated character.
+        content = head + "x" * max(0, 4 * tokens - len(head))
+    else:
+        # Three-letter words: the simulator counts 4 characters per token and LiteLLM's counter one token
+        # per word (plus a few for the chat format), so both see the same prompt size.
+        content = head + " ".join(rng.choice(WORDS) for _ in range(tokens))
     messages = (("user", content),)
     answer = answer_length(profile.spec, [{"role": "user", "content": content}])
     assert answer is not None
@@ -567,6 +575,13 @@ async def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--high-share", type=float, default=HIGH_SHARE, help="fraction of the overload sent as high priority"
     )
+    parser.add_argument(
+        "--prompt-text",
+        choices=["words", "runs"],
+        default="words",
+        help="words: prompts LiteLLM counts as the server does; runs: one character repeated, which LiteLLM "
+        "counts at about half the server's tokens",
+    )
     parser.add_argument("--debug", action="store_true", help="print the layer's view of the deployment every 0.5s")
     args = parser.parse_args(argv)
     if not 0.0 < args.high_share < 1.0:
@@ -580,7 +595,8 @@ async def main(argv: Sequence[str]) -> int:
     started = time.monotonic()
     checks: list[tuple[str, bool]] = []
     for name in ("knee", "kv") if args.profile == "both" else (args.profile,):
-        _, profile_checks = await run_profile(PROFILES[name], args)
+        profile = replace(PROFILES[name], prompt_text=args.prompt_text)
+        _, profile_checks = await run_profile(profile, args)
         checks += profile_checks
     print()
     for label, ok in checks:

@@ -1,7 +1,8 @@
 """Cost attribution against the truth: attributed vs true GPU-seconds per priority tier under overload.
 
-The overload of ``bench_backpressure.py``, with the layer (default settings except tiers ``low`` < ``high``,
-``kv_cache_tokens``, queue on, metrics scraped), on each of its two simulated server profiles:
+The overload of ``bench_backpressure.py`` (its profiles, requests, closed loop and router, imported from it),
+with the layer (default settings except tiers ``low`` < ``high``, ``kv_cache_tokens``, queue on, metrics
+scraped), on each of its two simulated server profiles:
 
 * ``knee``: knee 8, 20 ms/token, KV cache 2000 tokens; prompts 50-150 tokens, answers 20-60;
 * ``kv``: knee 12, KV cache 3000 tokens; prompts 100-600 tokens, answers 50-300 (memory, not compute, bounds
@@ -21,8 +22,8 @@ store's decayed sums) against the truth's, and, for comparison, the true total s
 tokens (what charging per output token would give).
 
 ``python bench/bench_cost.py [--seconds 25] [--seed 7] [--high-share 0.2] [--profiles knee,kv]
-[--redis-url redis://...]`` (``--redis-url``: the shared state in that Redis, through the Lua scripts, instead
-of the embedded store).
+[--redis-url redis://...] [--prompt-text words|runs]`` (``--redis-url``: the shared state in that Redis,
+through the Lua scripts, instead of the embedded store).
 """
 
 from __future__ import annotations
@@ -36,109 +37,42 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import aiohttp
 import litellm
 from litellm.proxy._types import UserAPIKeyAuth
 from litellm.router import Router
 from prometheus_client import REGISTRY
 
+from bench.bench_backpressure import (
+    HIGH_SHARE,
+    MAX_IN_FLIGHT,
+    OVERLOAD,
+    PROFILES,
+    TIERS,
+    Job,
+    Profile,
+    make_job,
+    make_jobs,
+    measure_capacity,
+    router_for,
+    wait_idle,
+)
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
 from litellm_ratebalance.proxy.cost import cost_meter
 from litellm_ratebalance.proxy.runtime import configure, get_runtime, reset_runtime
 from litellm_ratebalance.settings import parse_settings
-from litellm_ratebalance.simulate.inference_server import (
-    COST_TAG_HEADER,
-    InferenceServerProcess,
-    ServerSpec,
-    ServerStats,
-    answer_length,
-)
+from litellm_ratebalance.simulate.inference_server import COST_TAG_HEADER, InferenceServerProcess, ServerStats
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore, Store
 
-OVERLOAD = 3.0
-HIGH_SHARE = 0.2
-TIERS = ("high", "low")
 TOLERANCE = 0.10
 DEPLOYMENT = "gpu1"
-MAX_IN_FLIGHT = 400
-CLOSED_LOOP_SECONDS = 6.0
-CLOSED_LOOP_WARMUP = 2.0
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    spec: ServerSpec
-    prompt_tokens: tuple[int, int]
-    far_max_tokens: int
-    closed_loop: tuple[int, ...]
-    """Concurrencies tried for the best closed loop."""
-
-
-# The two profiles of bench_backpressure.py.
-PROFILES = {
-    "knee": Profile(
-        "knee",
-        ServerSpec(knee=8, step_seconds=0.02, max_num_seqs=48, memory_tokens=2000, answer_tokens=(20, 60)),
-        prompt_tokens=(50, 150),
-        far_max_tokens=1024,
-        closed_loop=(8, 10, 12),
-    ),
-    "kv": Profile(
-        "kv",
-        ServerSpec(knee=12, step_seconds=0.02, max_num_seqs=64, memory_tokens=3000, answer_tokens=(50, 300)),
-        prompt_tokens=(100, 600),
-        far_max_tokens=2048,
-        closed_loop=(3, 4, 5, 6),
-    ),
-}
-
-
-@dataclass(frozen=True)
-class Job:
-    at: float
-    priority: str
-    content: str
-    max_tokens: int | None
-    answer: int
-
-
-def make_job(rng: random.Random, profile: Profile, at: float, priority: str, index: int) -> Job:
-    tokens = rng.randint(*profile.prompt_tokens)
-    head = f"request {index}: "
-    content = head + "x" * max(0, 4 * tokens - len(head))  # the simulator counts 4 characters per token
-    answer = answer_length(profile.spec, [{"role": "user", "content": content}])
-    assert answer is not None
-    kind = index % 3  # exact, far above, none
-    max_tokens = answer if kind == 0 else (profile.far_max_tokens if kind == 1 else None)
-    return Job(at, priority, content, max_tokens, answer)
-
-
-def make_jobs(rng: random.Random, profile: Profile, rate: float, seconds: float, high_share: float) -> list[Job]:
-    jobs: list[Job] = []
-    t = 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= seconds:
-            return jobs
-        priority = "high" if rng.random() < high_share else "low"
-        jobs.append(make_job(rng, profile, t, priority, len(jobs)))
-
-
-def router_for(api_base: str) -> Router:
-    deployment = {
-        "model_name": "local",
-        "litellm_params": {"model": "openai/sim", "api_base": api_base, "api_key": "sk-none", "timeout": 120},
-        "model_info": {"id": DEPLOYMENT},
-    }
-    return Router(model_list=[deployment], num_retries=0)
+"""The deployment id of ``bench_backpressure.router_for``."""
 
 
 async def send(router: Router, job: Job) -> tuple[str, int, int]:
@@ -147,7 +81,7 @@ async def send(router: Router, job: Job) -> tuple[str, int, int]:
     try:
         response = await router.acompletion(
             model="local",
-            messages=[{"role": "user", "content": job.content}],
+            messages=job.payload(),
             extra_headers={COST_TAG_HEADER: job.priority},
             metadata={
                 "user_api_key_auth": UserAPIKeyAuth(
@@ -177,41 +111,6 @@ async def run_open_loop(router: Router, jobs: Sequence[Job]) -> list[tuple[str, 
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(job)))
     return list(await asyncio.gather(*tasks))
-
-
-async def closed_loop(server: InferenceServerProcess, profile: Profile, concurrency: int, rng: random.Random) -> float:
-    """Output tokens/s of the server alone with ``concurrency`` clients back to back (0 if it ran out of memory)."""
-    await server.reset()
-    origin = time.monotonic()
-    tokens = 0
-    counter = iter(range(10**9))
-    async with aiohttp.ClientSession() as session:
-
-        async def worker() -> None:
-            nonlocal tokens
-            while time.monotonic() - origin < CLOSED_LOOP_SECONDS:
-                job = make_job(rng, profile, 0.0, "high", next(counter))
-                body: dict[str, Any] = {"model": "sim", "messages": [{"role": "user", "content": job.content}]}
-                if job.max_tokens is not None:
-                    body["max_tokens"] = job.max_tokens
-                async with session.post(server.api_base + "/chat/completions", json=body) as response:
-                    data = await response.json()
-                elapsed = time.monotonic() - origin
-                if response.status == 200 and CLOSED_LOOP_WARMUP <= elapsed <= CLOSED_LOOP_SECONDS:
-                    tokens += int(data["usage"]["completion_tokens"])
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return 0.0 if (await server.stats()).oom_failures else tokens / (CLOSED_LOOP_SECONDS - CLOSED_LOOP_WARMUP)
-
-
-async def wait_idle(server: InferenceServerProcess) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            async with session.get(server.url + "/_sim/stats") as response:
-                data = await response.json()
-            if data["running"] == 0 and data["waiting"] == 0:
-                return
-            await asyncio.sleep(0.1)
 
 
 def store_faults() -> float:
@@ -264,8 +163,7 @@ class Outcome:
 async def run_profile(profile: Profile, args: Any) -> Outcome:
     rng = random.Random(args.seed)
     async with InferenceServerProcess(profile.spec) as server:
-        rates = {c: await closed_loop(server, profile, c, rng) for c in profile.closed_loop}
-        best = max(rates.values())
+        best = max((await measure_capacity(server, profile, rng)).values())
         if best <= 0:
             raise SystemExit(f"profile {profile.name}: every closed loop ran out of memory")
         mean_output = statistics.fmean(make_job(rng, profile, 0.0, "low", i).answer for i in range(2000))
@@ -397,6 +295,13 @@ async def main(argv: Sequence[str]) -> int:
     parser.add_argument("--high-share", type=float, default=HIGH_SHARE)
     parser.add_argument("--profiles", default="knee,kv", help=f"comma-separated, of {', '.join(PROFILES)}")
     parser.add_argument("--redis-url", default=None, help="keep the shared state in this Redis (default: embedded)")
+    parser.add_argument(
+        "--prompt-text",
+        choices=["words", "runs"],
+        default="words",
+        help="as bench_backpressure.py's: runs = one character repeated, which LiteLLM counts at about half the "
+        "server's tokens",
+    )
     args = parser.parse_args(argv)
     if not 0.0 < args.high_share < 1.0:
         parser.error(f"--high-share must be between 0 and 1, exclusive (got {args.high_share})")
@@ -409,7 +314,7 @@ async def main(argv: Sequence[str]) -> int:
     bench_started = time.monotonic()
     checks: list[tuple[str, bool]] = []
     for name in names:
-        checks += report(await run_profile(PROFILES[name], args), args)
+        checks += report(await run_profile(replace(PROFILES[name], prompt_text=args.prompt_text), args), args)
     print()
     for label, ok in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {label}")
