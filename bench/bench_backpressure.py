@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import statistics
@@ -508,6 +509,8 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
             [
                 f"{summaries[m][tier]['p95_token'] * 1000:.1f}ms "
                 f"({summaries[m][tier]['p95_token'] / unloaded_p95:.2f}x)"
+                if math.isfinite(summaries[m][tier]["p95_token"])
+                else "- (none served)"
                 for m in modes
             ],
         )
