@@ -229,14 +229,10 @@ class RateBalancer:
         # The local view sees its own sample at once (the shared one at the next sync): a deployment has
         # samples as soon as one of its requests finished here, and a failure counts from this moment.
         views.add_local(view, s, deployment_id, sample, now)
-        # What a request of this size takes there at light load, as predicted before its own sample counts:
-        # the load fit judges saturation by latencies against it, whatever the sizes that met at a load.
-        expected_latency: float | None = None
+        size_fit = view.sizes.get(deployment_id)
         if ok and s.in_flight_evidence and rate > 0.0:
-            size_fit = view.sizes.get(deployment_id)
             if size_fit is None:
                 size_fit = view.sizes[deployment_id] = SizeFit()
-            expected_latency = size_fit.expected_latency(work)
             # Fitted at light load: the part of the latency the load explains is taken out.
             slowdown = 1.0 if loads is None else loads.slowdown(load)
             size_fit.add(now, work, latency / slowdown, self._size_half_life)
@@ -244,7 +240,8 @@ class RateBalancer:
             fit = view.loads.get(deployment_id)
             if fit is None:
                 fit = view.loads[deployment_id] = LoadFit()
-            fit.add(now, load, rate, self._load_half_life, expected_latency=expected_latency, latency=latency)
+            base_latency = size_fit.base_latency() if size_fit is not None else None
+            fit.add(now, load, rate, self._load_half_life, work=work, latency=latency, base_latency=base_latency)
         if not ok and self._least_loaded:
             self._waste(view, deployment_id, latency, now)
         if rate_limits is not None:

@@ -47,13 +47,10 @@ class LoadFit:
     request, itself included (their mean over the request's life). Recency-weighted figures (times
     are explicit, no clock; they fade with ``half_life_seconds``):
 
-    * the **peak throughput**, the highest ``mean load x relative speed`` of a load level: a deployment with
-      ``c`` slots peaks at about ``c`` times its light-load speed, so at a load above ``c`` each request gets
-      about ``c / load`` of it. A level's speed is how long its requests were expected to take at light load
-      (given by the caller, from the size fit) against how long they took, pooled; where samples come
-      without that, its mean rate against the light-load rate. Level means, not single samples: one answer
-      that met a crowd which left at once would set a peak far above what the deployment serves, hiding its
-      saturation;
+    * the **peak throughput**, the highest ``mean load x mean rate`` of a load level: a deployment with ``c``
+      slots at ``r`` tokens/s each peaks at about ``c x r``, so at a load above ``c`` each request gets about
+      ``peak / load``. Level means, not single samples: one answer that met a crowd which left at once
+      would set a peak far above what the deployment serves, hiding its saturation;
     * the **light-load rate**: the mean rate of the samples at the lightest load level seen (levels: a load
       of at most :data:`UNLOADED_LOAD`, then doubling ranges above it). For a deployment that is sometimes
       nearly idle that is its unloaded rate; one that is never idle (every sample met a few requests) is
@@ -78,15 +75,16 @@ class LoadFit:
 
     __slots__ = (
         "_derived",
+        "base_latency",
         "carried_proven",
         "carried_slots",
         "last",
-        "level_elapsed",
-        "level_expected",
+        "level_latencies",
         "level_loads",
+        "level_sized",
         "level_sums",
-        "level_timed",
         "level_weights",
+        "level_works",
         "residual_sq_sum",
         "residual_weight",
         "samples",
@@ -110,12 +108,11 @@ class LoadFit:
         self.level_sums = [0.0] * self.LEVELS
         self.level_loads = [0.0] * self.LEVELS
         self.level_weights = [0.0] * self.LEVELS
-        self.level_expected = [0.0] * self.LEVELS
-        """Per level: the sum of the light-load latencies the samples' sizes predicted (seconds)."""
-        self.level_elapsed = [0.0] * self.LEVELS
-        """Per level: the sum of those samples' actual latencies (seconds)."""
-        self.level_timed = [0.0] * self.LEVELS
-        """Per level: the weight of those samples."""
+        self.level_works = [0.0] * self.LEVELS
+        self.level_latencies = [0.0] * self.LEVELS
+        self.level_sized = [0.0] * self.LEVELS
+        self.base_latency = 0.0
+        """The part of a request's latency that does not depend on its size (seconds), as last given."""
         self.residual_sq_sum = 0.0
         self.residual_weight = 0.0
         self.last = float("-inf")
@@ -135,22 +132,23 @@ class LoadFit:
         rate: float,
         half_life_seconds: float,
         *,
-        expected_latency: float | None = None,
+        work: float | None = None,
         latency: float | None = None,
+        base_latency: float | None = None,
     ) -> None:
-        """Add one successful sample: ``rate`` at ``load`` requests in flight. With ``expected_latency``, what
-        a request of its size takes there at light load (the size fit's prediction), and its ``latency`` (both
-        positive), it also counts in the **speed** of its load level, ``sum(expected) / sum(latency)``: the
-        saturation test and the slots then use that (:meth:`_slots`), which does not depend on the sizes of
-        the requests that happened to meet at a load."""
+        """Add one successful sample: ``rate`` at ``load`` requests in flight. With its ``work`` and
+        ``latency`` (both positive) it also counts in how many slots a saturated deployment has, judged on
+        the part of the latency above ``base_latency`` (the size fit's fixed part, when known): that is the
+        part the load stretches, and the fixed part, counted in, makes a saturated deployment look to lose
+        less than it does, its slots more than it has."""
         if half_life_seconds > 0.0 and self.samples and now > self.last:
             factor = 0.5 ** ((now - self.last) / half_life_seconds)
             self.level_sums = [x * factor for x in self.level_sums]
             self.level_loads = [x * factor for x in self.level_loads]
             self.level_weights = [x * factor for x in self.level_weights]
-            self.level_expected = [x * factor for x in self.level_expected]
-            self.level_elapsed = [x * factor for x in self.level_elapsed]
-            self.level_timed = [x * factor for x in self.level_timed]
+            self.level_works = [x * factor for x in self.level_works]
+            self.level_latencies = [x * factor for x in self.level_latencies]
+            self.level_sized = [x * factor for x in self.level_sized]
             self.residual_sq_sum *= factor
             self.residual_weight *= factor
         predicted = self.expected_rate(load)
@@ -164,19 +162,22 @@ class LoadFit:
         self.level_sums[level] += rate
         self.level_loads[level] += load
         self.level_weights[level] += 1.0
-        if expected_latency is not None and latency is not None and expected_latency > 0.0 and latency > 0.0:
-            self.level_expected[level] += expected_latency
-            self.level_elapsed[level] += latency
-            self.level_timed[level] += 1.0
+        if work is not None and latency is not None and work > 0.0 and latency > 0.0:
+            self.level_works[level] += work
+            self.level_latencies[level] += latency
+            self.level_sized[level] += 1.0
+        if base_latency is not None and base_latency >= 0.0:
+            self.base_latency = base_latency
         light = self._light()
         slots, proven = self._slots(light)
         presumed = max(PRESUMED_SLOTS, SLOTS_GROWTH * max(proven, self.carried_proven))
         self._derived = (*light, slots, self._spread(), presumed)
 
     def _throughput(self) -> tuple[float, float]:
-        """(peak, busiest load) by rates, for samples without predicted latencies: the highest ``mean load x
-        mean rate`` of a load level with weight enough (:data:`SATURATION_MIN_WEIGHT`), and the highest mean
-        load of such a level."""
+        """(peak, busiest load): the highest ``mean load x mean rate`` of a load level with weight enough
+        (:data:`SATURATION_MIN_WEIGHT`), and the highest mean load of such a level. Level means, not single
+        samples: one answer that met a crowd which left at once would otherwise set a peak far above what the
+        deployment can serve."""
         peak = 0.0
         busiest = 0.0
         for level in range(self.LEVELS):
@@ -244,28 +245,26 @@ class LoadFit:
         return self._derived[4]
 
     def _slots(self, light: tuple[float | None, float | None]) -> tuple[float | None, float]:
-        """(slots, proven load). Slots: requests the deployment serves at full speed, the highest ``mean load
-        x relative speed`` of a load level, once it has been seen saturated (that is below
-        :data:`SATURATION_EVIDENCE` x its busiest load: busier, and slower for it); else the carried slots
+        """(slots, proven load). Slots: requests the deployment serves at full speed, ``peak / light-load
+        rate``, once it has been seen saturated (busier than that, and slower for it); else the carried slots
         while no load beyond them has been seen; else None: every load seen was served at about full speed
         (its capacity is then unknown, not small). Proven load: that busiest load seen at full speed when
         the slots are None, else 0.
 
-        A level's relative speed is its :meth:`_speeds` figure (size-neutral) where the samples have
-        predicted latencies, else its mean rate over the light-load rate (:meth:`_throughput`). Not the mean
-        rate when sizes are known: a long request has a higher rate (its fixed latency spread over more
-        tokens) and, staying longer, meets more requests, so a busy level of long answers can keep the
-        light-load rate of short ones while each of them was slowed down."""
+        Whether it is saturated is judged on the samples' own rates; how many slots it then has, on the
+        load-stretched part of the latency (:meth:`_stretched_rates`) where the samples have sizes, if that
+        says fewer. Not the other way round: taking the fixed part out of the latencies also magnifies their
+        noise, and a saturation test on that alone called deployments with slots to spare saturated (stable
+        and drift lost about 2 % of their mean rate in benchmark runs)."""
         rate = light[0]
         if self.samples < self.MIN_SAMPLES or rate is None or rate <= 0.0:
             return self.carried_slots, 0.0
-        speeds = self._speeds()
-        if speeds is None:
-            peak, busiest = self._throughput()
-            slots = peak / rate
-        else:
-            slots, busiest = speeds
+        peak, busiest = self._throughput()
+        slots = peak / rate
         if slots < SATURATION_EVIDENCE * busiest:
+            stretched = self._stretched_rates()
+            if stretched is not None and stretched[0] > 0.0:
+                slots = min(slots, stretched[0] / stretched[1])
             return slots, 0.0
         # Not seen saturated in this regime: the slots carried over stand while it has not been seen busier.
         carried = self.carried_slots
@@ -273,33 +272,32 @@ class LoadFit:
             return carried, 0.0
         return None, busiest
 
-    def _speeds(self) -> tuple[float, float] | None:
-        """(highest ``mean load x relative speed`` of a load level, busiest load) over the levels with
-        :data:`SATURATION_MIN_WEIGHT` samples of known predicted latency, a level's speed being
-        ``sum(predicted light-load latency) / sum(latency)`` of those samples and relative to the lightest
-        level's (the one :meth:`_light` takes); None when that lightest level has no such samples. Pooled
-        sums, so each sample counts by its predicted latency: a short answer, whose latency is mostly the
-        fixed part the load does not stretch, counts little."""
-        reference: float | None = None
+    def _stretched_rates(self) -> tuple[float, float] | None:
+        """(peak, light-load rate) as :meth:`_throughput` and :meth:`_light` give them, but
+        from each level's pooled ``work / (latency - base latency)`` (its sized samples' sums, so one short
+        answer with next to nothing above the base cannot swing it); None when the lightest level with
+        weight enough has no sized samples. A level whose latencies are hardly above the base (a tenth or
+        less) counts that tenth: the base is an estimate, and a pool with nothing left above it says little."""
+        light_rate: float | None = None
         peak = 0.0
-        busiest = 0.0
         for level in range(self.LEVELS):
             weight = self.level_weights[level]
-            timed = self.level_timed[level]
-            elapsed = self.level_elapsed[level]
-            if reference is None:
-                if timed <= self.MIN_LEVEL_WEIGHT or elapsed <= 0.0:
-                    continue
-                reference = self.level_expected[level] / elapsed
-                if reference <= 0.0:
+            if weight <= self.MIN_LEVEL_WEIGHT:
+                continue
+            sized = self.level_sized[level]
+            if sized <= self.MIN_LEVEL_WEIGHT:
+                if light_rate is None:
                     return None
-            if weight >= SATURATION_MIN_WEIGHT and timed >= SATURATION_MIN_WEIGHT:
-                load = self.level_loads[level] / weight
-                peak = max(peak, load * self.level_expected[level] / elapsed / reference)
-                busiest = max(busiest, load)
-        if reference is None or busiest <= 0.0:
+                continue
+            latency = self.level_latencies[level]
+            stretched = self.level_works[level] / max(latency - sized * self.base_latency, 0.1 * latency)
+            if light_rate is None:
+                light_rate = stretched
+            if weight >= SATURATION_MIN_WEIGHT and sized >= SATURATION_MIN_WEIGHT:
+                peak = max(peak, self.level_loads[level] / weight * stretched)
+        if light_rate is None or light_rate <= 0.0:
             return None
-        return peak, busiest
+        return peak, light_rate
 
     def _spread(self) -> float | None:
         """Root mean square distance of the samples from the prediction at their load (None: too few)."""
@@ -400,6 +398,11 @@ class SizeFit:
         # Too little spread in size to tell a fixed part, or a line that would make some sizes free or
         # negative: latency proportional to work.
         return 0.0, mean_latency / mean_work
+
+    def base_latency(self) -> float | None:
+        """The fixed part of the latency, seconds (None: too few samples)."""
+        line = self._line
+        return None if line is None else line[0]
 
     def expected_latency(self, work: float) -> float | None:
         """Seconds a request of ``work`` tokens is expected to take (None: too few samples)."""
