@@ -368,7 +368,6 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 "top_reserve": ctx.top_reserve(state),
                 "top_inflight": state.top_inflight,
                 "top_burst": ctx.top_burst(state),
-                "burst_inflight": state.burst_inflight,
                 "signals": ctx.server_signals(state),
             }
             for deployment_id, state in ctx.deployments.items()

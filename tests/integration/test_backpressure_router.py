@@ -507,26 +507,3 @@ async def test_lower_tiers_leave_the_top_tiers_reserve_of_slots(harness: Harness
         assert 8 - reserve <= served <= 8 - reserve + 1, (served, reserve)
         assert served < 7
     assert server.stats.oom_failures == 0
-
-
-async def test_the_top_tier_runs_past_the_limit_into_its_burst_slots_only(harness: Harness) -> None:
-    router, callback, (server,) = await harness(
-        {
-            "tiers": ["low", "high"],
-            "top_burst_fraction": 0.5,
-            "top_reserve_quantile": 0,
-            "limit": {"initial_limit": 4, "min_limit": 4, "max_limit": 4},
-        },
-        [ServerSpec(knee=16, step_seconds=0.005)],
-    )
-    # Limit 4 and half of it again for the high tier: 6 run at once, the 7th and 8th get 429 (no queue).
-    highs = await asyncio.gather(*(call(router, "high", max_tokens=50, key=f"h{i}") for i in range(8)))
-    assert Counter(outcome(r) for r in highs) == {(200, None): 6, (429, "concurrency_limit"): 2}
-    assert server.stats.peak_running == 6
-    # The low tier never uses them: 3 of the 4 slots (one stays free for the tier above).
-    lows = await asyncio.gather(*(call(router, "low", max_tokens=50, key=f"l{i}") for i in range(8)))
-    assert Counter(outcome(r) for r in lows) == {(200, None): 3, (503, "compute_saturation"): 5}
-    await settle(callback)
-    view = callback.snapshot()["gpu1"]
-    assert (view["top_burst"], view["burst_inflight"], view["inflight"]) == (2, 0, 0)
-    assert server.stats.oom_failures == 0
