@@ -23,11 +23,10 @@ Per profile:
    a Router without the layer, then with ``BackpressureCallback`` reserving ``max_tokens`` (``output_estimate:
    max_tokens``, the former behaviour), then with the defaults (``learned``). ``--modes`` may add
    ``no_reserve`` (the defaults with ``top_reserve_quantile: 0``, no reserve of slots for the top tier),
-   ``no_burst`` (the defaults with ``top_burst_fraction: 0``: the top tier waits at the limit), ``burst_raw``
-   (the limit fed latency samples as measured, see ``MODE_SETTINGS``) and ``stale_kv`` (the scraped KV-cache
-   usage used as read, not less the requests finished since the scrape) for a comparison on the same request
-   sequence. Layer settings: tiers ``[low, high]``, ``kv_cache_tokens`` of the server, metrics scraped, queue
-   on (max wait 10 s).
+   ``no_burst`` (the defaults with ``top_burst_fraction: 0``: the top tier waits at the limit) and
+   ``stale_kv`` (the scraped KV-cache usage used as read, not less the requests finished since the scrape)
+   for a comparison on the same request sequence. Layer settings: tiers ``[low, high]``, ``kv_cache_tokens``
+   of the server, metrics scraped, queue on (max wait 10 s).
 
 ``--seed`` fixes the requests: the closed loop, the unloaded sample and the overload sequence each draw from
 an rng of their own derived from it (:func:`seeded`), so a seed sends the same overload requests in every
@@ -41,7 +40,7 @@ than the high one. Goodput: output tokens of successful requests completed insid
 its engine.
 
 ``python bench/bench_backpressure.py [--profile knee|kv|both]
-[--modes without,max_tokens,learned,no_reserve,no_burst,burst_raw,stale_kv] [--seconds 25] [--seed 7] [--high-share 0.2]
+[--modes without,max_tokens,learned,no_reserve,no_burst,stale_kv] [--seconds 25] [--seed 7] [--high-share 0.2]
 [--limit JSON] [--settings JSON] [--debug]`` (also part of ``make bench``).
 """
 
@@ -72,7 +71,6 @@ from litellm.proxy._types import UserAPIKeyAuth
 from litellm.router import Router
 from prometheus_client import REGISTRY
 
-from litellm_ratebalance.proxy import backpressure_requests
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
 from litellm_ratebalance.proxy.backpressure_book import DeploymentState
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
@@ -87,21 +85,18 @@ MAX_IN_FLIGHT = 400  # safety bound on concurrent client tasks
 UNLOADED_CONCURRENCY = 3
 CLOSED_LOOP_SECONDS = 12.0
 TIERS = ("high", "low")
-MODES = ("without", "max_tokens", "learned", "no_reserve", "no_burst", "burst_raw", "stale_kv")
+MODES = ("without", "max_tokens", "learned", "no_reserve", "no_burst", "stale_kv")
 DEFAULT_MODES = ("without", "max_tokens", "learned")
 MODE_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "max_tokens": ("max_tokens", {}),
     "learned": ("learned", {}),
     "no_reserve": ("learned", {"top_reserve_quantile": 0.0}),
     "no_burst": ("learned", {"top_burst_fraction": 0.0}),
-    "burst_raw": ("learned", {}),
     "stale_kv": ("learned", {}),
 }
 """Per layer mode: its ``output_estimate`` and further settings (``no_reserve``: the defaults without the top
 tier's reserve of slots, ``top_reserve_quantile: 0``; ``no_burst``: the defaults without the top tier's slots
-past the limit, ``top_burst_fraction: 0``; ``burst_raw``: the defaults, but the adaptive limit is fed the
-latency samples as measured, without taking out the slowdown of the top tier's requests past the limit;
-``stale_kv``: the defaults, but the scraped KV-cache usage is
+past the limit, ``top_burst_fraction: 0``; ``stale_kv``: the defaults, but the scraped KV-cache usage is
 used as read, without subtracting the requests finished since the scrape; both for a comparison on the same
 request sequence)."""
 
@@ -177,14 +172,6 @@ class Result:
 
 
 _FINISHED = DeploymentState.finished
-_WITHOUT_BURST = backpressure_requests.without_burst
-
-
-def _as_measured(
-    rtt: float, inflight: int, limit: int, burst_inflight: int, baseline: float | None
-) -> tuple[float, int]:
-    """``without_burst`` for the ``burst_raw`` mode: the sample as measured."""
-    return rtt, inflight
 
 
 def _no_freed(self: DeploymentState, started: float, ended: float, prompt_tokens: int, output_tokens: int) -> None:
@@ -397,8 +384,6 @@ async def run_layer(
     output_estimate, mode_settings = MODE_SETTINGS[mode]
     # stale_kv: nothing finished is subtracted from the last reading (the bench only; not a setting).
     DeploymentState.finished = _no_freed if mode == "stale_kv" else _FINISHED  # type: ignore[method-assign]
-    # burst_raw: the limit sees the top tier's burst as it slows every request (the bench only; not a setting).
-    backpressure_requests.without_burst = _as_measured if mode == "burst_raw" else _WITHOUT_BURST
     reset_runtime()
     configure(
         settings=parse_settings(
@@ -617,8 +602,7 @@ async def main(argv: Sequence[str]) -> int:
         "--modes",
         default=",".join(DEFAULT_MODES),
         help=f"comma-separated, of {', '.join(MODES)} (no_reserve: learned with top_reserve_quantile 0; no_burst: "
-        "learned with top_burst_fraction 0; burst_raw: learned with the limit fed latency samples as measured; "
-        "stale_kv: "
+        "learned with top_burst_fraction 0; stale_kv: "
         "learned without subtracting finished requests from the scraped KV-cache usage)",
     )
     parser.add_argument("--seconds", type=float, default=25.0, help="overload duration per mode")

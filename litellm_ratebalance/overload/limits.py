@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["OUTLIER_CAP", "GradientLimit", "LimitConfig", "per_token_rtt", "without_burst"]
+__all__ = ["OUTLIER_CAP", "GradientLimit", "LimitConfig", "per_token_rtt"]
 
 _MIN_RTT = 1e-9
 """Samples below a nanosecond per token are nonsense (clock steps, a zero latency): ignored, like negatives."""
@@ -80,32 +80,6 @@ class LimitConfig:
 def per_token_rtt(latency_seconds: float, output_tokens: int | None) -> float:
     """Latency per output token (a request with no output counts as one token)."""
     return latency_seconds / max(1, output_tokens or 0)
-
-
-def without_burst(
-    rtt: float, inflight: int, limit: int, burst_inflight: int, baseline: float | None
-) -> tuple[float, int]:
-    """A sample as the limit would have seen it without the highest tier's requests past the limit:
-    ``(rtt, inflight)`` with the excess taken out.
-
-    Why: the highest tier may run a few requests past the limit (``top_burst_fraction``, see
-    ``shedding.burst_slots``). Past the knee the server's throughput is flat and every token slows by
-    ``running / knee``, so those requests lift every sample's latency by about ``inflight / (inflight -
-    excess)``; fed as they are, the limit reads them as overload and shrinks until the limit and the burst
-    together sit where the limit alone did, taking the slots from the lower tiers (and, while it
-    overshoots, leaving the server below its knee). Dividing the excess out lets the limit keep judging the
-    server at the limit. ``excess = min(burst_inflight, inflight - limit)``: only requests admitted past the
-    limit count, so in-flight requests left over a limit that just shrank (a real back-off) are not
-    discounted, and nothing changes at or below the limit. ``inflight``: at the deployment when the sample
-    finished, itself included; ``burst_inflight``: the requests among them admitted past the limit.
-
-    The discount never takes a sample below ``baseline`` (the limit's no-load RTT; no discount before
-    there is one): below the knee the burst slows nothing, and a discounted sample there would set a
-    no-load RTT lower than the server's, which every later sample would then read as congestion."""
-    excess = min(max(0, burst_inflight), max(0, inflight - limit))
-    if excess <= 0 or inflight <= 0 or baseline is None or rtt <= baseline:
-        return rtt, inflight
-    return max(baseline, rtt * (inflight - excess) / inflight), inflight - excess
 
 
 class GradientLimit:

@@ -110,7 +110,6 @@ async def _try_lease(
     state.counts(result.inflight, result.reserved_tokens, ctx.clock())
     if result.acquired:
         lease = Lease(lease_id, state.deployment_id, call_id, profile, cost, time.time(), ctx.clock())
-        lease.burst = result.inflight > state.limit.limit  # one of the top tier's slots past the limit
         ctx.hold(state, lease)
         state.note_cost(cost)
         gauges(ctx, state)

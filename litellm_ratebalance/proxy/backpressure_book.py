@@ -62,8 +62,6 @@ class Lease:
     attempt: object = None
     """The kwargs dict of the attempt that took it: LiteLLM hands that same dict to every callback of one
     attempt, so a second instance of the callback class in ``litellm.callbacks`` can see the slot is taken."""
-    burst: bool = False
-    """Admitted past the concurrency limit (one of the highest tier's burst slots)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -77,7 +75,6 @@ class DeploymentState:
     """This process's view of one deployment: its limit, last known shared counts, queue, leases."""
 
     __slots__ = (
-        "burst_inflight",
         "config",
         "counted_at",
         "demand",
@@ -131,8 +128,6 @@ class DeploymentState:
         """The top tier's arrival rate and time in service here, as this process sees them (its reserve)."""
         self.top_inflight = 0
         """This process's top-tier leases on this deployment (they count towards the top tier's reserve)."""
-        self.burst_inflight = 0
-        """This process's leases on this deployment admitted past the limit (the top tier's burst slots)."""
         self.scraped_at = math.inf
         """When the last good metrics scrape of this deployment answered (monotonic seconds)."""
         self.freed_tokens = 0.0
@@ -213,8 +208,6 @@ class Context:
         self.calls.setdefault(lease.call_id, []).append(lease)
         if self.tiers.is_top(lease.profile.rank):
             state.top_inflight += 1
-        if lease.burst:
-            state.burst_inflight += 1
 
     def forget(self, lease: Lease) -> DeploymentState | None:
         """Take ``lease`` out of the book (no store call); its deployment's state, if still known."""
@@ -228,8 +221,6 @@ class Context:
         held = state is not None and state.leases.pop(lease.lease_id, None) is not None
         if state is not None and held and self.tiers.is_top(lease.profile.rank):
             state.top_inflight = max(0, state.top_inflight - 1)
-        if state is not None and held and lease.burst:
-            state.burst_inflight = max(0, state.burst_inflight - 1)
         return state
 
     # -- the decision ---------------------------------------------------------------------------------------

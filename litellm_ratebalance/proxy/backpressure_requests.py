@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from litellm_ratebalance.overload.limits import per_token_rtt, without_burst
+from litellm_ratebalance.overload.limits import per_token_rtt
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState, Lease, Profile
 from litellm_ratebalance.proxy.backpressure_metrics import count_drop
@@ -79,15 +79,7 @@ def learn(
     ended = end_time.timestamp() if isinstance(end_time, datetime) else time.time()
     latency = max(1e-6, ended - lease.started_wall)
     prompt, output = _litellm.response_usage(response_obj)
-    # The slowdown the top tier's requests past the limit cause is taken out: the limit judges the server.
-    rtt, inflight = without_burst(
-        per_token_rtt(latency, output),
-        max(1, state.inflight),
-        state.limit.limit,
-        state.burst_inflight,
-        state.limit.baseline_rtt,
-    )
-    state.limit.update(now, rtt, inflight, False)
+    state.limit.update(now, per_token_rtt(latency, output), max(1, state.inflight), False)
     state.mean_latency = (
         latency
         if state.mean_latency is None

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from litellm_ratebalance.overload.limits import GradientLimit, LimitConfig, without_burst
+from litellm_ratebalance.overload.limits import GradientLimit, LimitConfig
 from litellm_ratebalance.overload.shedding import Reason, Verdict, burst_slots, decide, tier_slots
 
 
@@ -84,64 +84,30 @@ def test_a_single_tier_is_not_given_burst_slots_by_the_caller_but_decide_honours
     assert verdict(0, n_tiers=1, inflight=9, top_burst=2).admitted
 
 
-def _knee_server(fraction: float, samples: int, *, discount: bool, knee: int = 8) -> tuple[list[int], list[int]]:
-    """A server whose per-token latency is flat (20 ms) up to ``knee`` running and grows linearly past it, fed
-    by a top tier that always fills the limit and every burst slot; (limits, requests in flight) per sample.
-    ``discount``: the samples pass through :func:`without_burst` first, as the adapter does."""
+def _knee_server(fraction: float, samples: int) -> tuple[list[int], list[int]]:
+    """A server whose per-token latency is flat (20 ms) up to 8 running and grows linearly past it, fed by
+    a top tier that always fills the limit and every burst slot; (limits, requests in flight) per sample."""
     limit = GradientLimit(LimitConfig(initial_limit=2, max_limit=200, tolerance=1.1))
     limits: list[int] = []
     inflight: list[int] = []
     for i in range(samples):
-        burst = burst_slots(limit.limit, fraction)
-        running = limit.limit + burst
-        rtt, seen = 0.02 * max(1.0, running / knee), running
-        if discount:
-            rtt, seen = without_burst(rtt, running, limit.limit, burst, limit.baseline_rtt)
-        limits.append(limit.update(0.05 * (i + 1), rtt, seen, False))
+        running = limit.limit + burst_slots(limit.limit, fraction)
+        limits.append(limit.update(0.05 * (i + 1), 0.02 * max(1.0, running / 8), running, False))
         inflight.append(running)
     return limits, inflight
 
 
-def test_without_burst_takes_out_only_the_requests_past_the_limit() -> None:
-    # 12 in flight at a limit of 9, 3 of them burst: 0.03 s/token as measured -> 0.03 x 9 / 12 at 9 in flight.
-    assert without_burst(0.03, 12, 9, 3, 0.02) == (pytest.approx(0.0225), 9)
-    # Only 1 in flight past the limit (the others of the burst finished): only 1 taken out.
-    assert without_burst(0.03, 10, 9, 3, 0.02) == (pytest.approx(0.027), 9)
-    # Past a limit that just shrank, with no burst lease: a real back-off, nothing discounted.
-    assert without_burst(0.03, 12, 9, 0, 0.02) == (0.03, 12)
-    # At or below the limit, nothing changes.
-    assert without_burst(0.03, 9, 9, 2, 0.02) == (0.03, 9)
-    # Never below the no-load baseline (below the knee the burst slowed nothing); nothing before a baseline.
-    assert without_burst(0.021, 12, 9, 3, 0.02) == (0.02, 9)
-    assert without_burst(0.019, 12, 9, 3, 0.02) == (0.019, 12)
-    assert without_burst(0.03, 12, 9, 3, None) == (0.03, 12)
-
-
-def test_fed_as_measured_the_burst_pushes_the_limit_down() -> None:
+def test_running_past_the_limit_lowers_the_limit_but_does_not_collapse_it() -> None:
     # Without the burst the limit settles at tolerance x knee (8.8: 8-9). With a quarter more slots for a
-    # top tier that always uses them, and samples fed as measured, the latency past the knee backs the limit
-    # off until limit + burst sits where the limit alone did (8-9 in flight): the lower tiers lose the slots.
-    plain_limits, plain_inflight = _knee_server(0.0, 3000, discount=False)
-    raw_limits, raw_inflight = _knee_server(0.25, 3000, discount=False)
+    # top tier that always uses them, the latency past the knee backs the limit off until the total in flight
+    # is where it was, 8-9: the burst does not run the server further past its knee, and the limit settles
+    # at about tolerance x knee / 1.25 (7), not lower.
+    plain_limits, plain_inflight = _knee_server(0.0, 3000)
+    burst_limits, burst_inflight = _knee_server(0.25, 3000)
     assert (min(plain_limits[-1000:]), max(plain_limits[-1000:])) == (8, 9)
-    assert (min(raw_limits[-1000:]), max(raw_limits[-1000:])) == (6, 7)
-    assert (
-        (min(raw_inflight[-1000:]), max(raw_inflight[-1000:]))
-        == (8, 9)
-        == (
-            min(plain_inflight[-1000:]),
-            max(plain_inflight[-1000:]),
-        )
-    )
-
-
-@pytest.mark.parametrize(("fraction", "knee"), [(0.25, 8), (0.5, 8), (1.0, 8), (0.25, 30)])
-def test_with_the_burst_taken_out_the_limit_stays_at_the_knee(fraction: float, knee: int) -> None:
-    # The adapter's path: the limit still settles at tolerance x knee (it neither collapses nor is pushed
-    # down by the burst), and the burst runs on top of it, bounded by ceil(fraction x limit).
-    plain_limits, _ = _knee_server(0.0, 4000, discount=True, knee=knee)
-    limits, inflight = _knee_server(fraction, 4000, discount=True, knee=knee)
-    assert min(limits[-1000:]) >= min(plain_limits[-1000:]) - 1
-    assert max(limits[-1000:]) <= max(plain_limits[-1000:]) + 1
-    assert min(limits[-1000:]) >= knee
-    assert max(inflight[-1000:]) <= max(limits[-1000:]) + burst_slots(max(limits[-1000:]), fraction)
+    assert (min(burst_limits[-1000:]), max(burst_limits[-1000:])) == (6, 7)
+    assert (min(burst_inflight[-1000:]), max(burst_inflight[-1000:])) == (8, 9)
+    assert max(burst_inflight[-1000:]) == max(plain_inflight[-1000:])
+    # Even the whole limit again as burst leaves the limit at half the knee, not at min_limit.
+    full_limits, full_inflight = _knee_server(1.0, 3000)
+    assert min(full_limits[-1000:]) >= 4 and max(full_inflight[-1000:]) <= 10
