@@ -115,8 +115,8 @@ def _describe(
     if reason is Reason.CONCURRENCY_LIMIT:
         if verdict.slots > limit:
             return (
-                f"all {limit} concurrency slots are in use, and the {verdict.slots - limit} more the highest tier "
-                "may take past them"
+                f"all {limit} concurrency slots and the {verdict.slots - limit} slots the highest tier may take "
+                "past them are in use"
             )
         return f"all {limit} concurrency slots are in use"
     if verdict.signal == "concurrency":
