@@ -22,8 +22,7 @@ Per profile:
 3. **overload**: Poisson arrivals at 3x the best closed loop (20% high priority) for ``--seconds``, through
    a Router without the layer, then with ``BackpressureCallback`` reserving ``max_tokens`` (``output_estimate:
    max_tokens``, the former behaviour), then with the defaults (``learned``). ``--modes`` may add
-   ``no_reserve`` (the defaults with ``top_reserve_quantile: 0``, no reserve of slots for the top tier),
-   ``no_burst`` (the defaults with ``top_burst_fraction: 0``: the top tier waits at the limit) and
+   ``no_reserve`` (the defaults with ``top_reserve_quantile: 0``, no reserve of slots for the top tier) and
    ``stale_kv`` (the scraped KV-cache usage used as read, not less the requests finished since the scrape)
    for a comparison on the same request sequence. Layer settings: tiers ``[low, high]``, ``kv_cache_tokens``
    of the server, metrics scraped, queue on (max wait 10 s).
@@ -39,9 +38,8 @@ than the high one. Goodput: output tokens of successful requests completed insid
 (after a warm-up), per second. The server runs in a child process so the load generator's CPU does not slow
 its engine.
 
-``python bench/bench_backpressure.py [--profile knee|kv|both]
-[--modes without,max_tokens,learned,no_reserve,no_burst,stale_kv] [--seconds 25] [--seed 7] [--high-share 0.2]
-[--limit JSON] [--settings JSON] [--debug]`` (also part of ``make bench``).
+``python bench/bench_backpressure.py [--profile knee|kv|both] [--modes without,max_tokens,learned,no_reserve,stale_kv]
+[--seconds 25] [--seed 7] [--high-share 0.2] [--limit JSON] [--settings JSON] [--debug]`` (also part of ``make bench``).
 """
 
 from __future__ import annotations
@@ -85,18 +83,16 @@ MAX_IN_FLIGHT = 400  # safety bound on concurrent client tasks
 UNLOADED_CONCURRENCY = 3
 CLOSED_LOOP_SECONDS = 12.0
 TIERS = ("high", "low")
-MODES = ("without", "max_tokens", "learned", "no_reserve", "no_burst", "stale_kv")
+MODES = ("without", "max_tokens", "learned", "no_reserve", "stale_kv")
 DEFAULT_MODES = ("without", "max_tokens", "learned")
 MODE_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "max_tokens": ("max_tokens", {}),
     "learned": ("learned", {}),
     "no_reserve": ("learned", {"top_reserve_quantile": 0.0}),
-    "no_burst": ("learned", {"top_burst_fraction": 0.0}),
     "stale_kv": ("learned", {}),
 }
 """Per layer mode: its ``output_estimate`` and further settings (``no_reserve``: the defaults without the top
-tier's reserve of slots, ``top_reserve_quantile: 0``; ``no_burst``: the defaults without the top tier's slots
-past the limit, ``top_burst_fraction: 0``; ``stale_kv``: the defaults, but the scraped KV-cache usage is
+tier's reserve of slots, ``top_reserve_quantile: 0``; ``stale_kv``: the defaults, but the scraped KV-cache usage is
 used as read, without subtracting the requests finished since the scrape; both for a comparison on the same
 request sequence)."""
 
@@ -477,14 +473,7 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
                 view = callback.snapshot().get("gpu1", {})
                 limits = sorted(int(s["limit"]) for s in samples if "limit" in s)
                 reserves = sorted(int(s["top_reserve"]) for s in samples if "top_reserve" in s)
-                past = [int(s["inflight"]) - int(s["limit"]) for s in samples if "limit" in s and "inflight" in s]
-                views[mode] = {
-                    "limits": limits,
-                    "reserves": reserves,
-                    "past": past,
-                    "view": view,
-                    "queue": samples.pop(),
-                }
+                views[mode] = {"limits": limits, "reserves": reserves, "view": view, "queue": samples.pop()}
                 if args.debug:
                     for sample in samples:
                         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in sample.items()})
@@ -560,12 +549,6 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
                 f"{info['queue']['waited'] / max(1.0, info['queue']['queued']):.2f}s on average; event-loop lag p95 "
                 f"{info['queue']['lag_p95'] * 1000:.0f} ms; machine load average {info['queue']['load']:.1f}"
             )
-        past = info["past"]
-        if past:
-            print(
-                f"{mode}: in flight past the limit in {sum(1 for p in past if p > 0)} of {len(past)} samples "
-                f"(at most {max(past)} slots past it)"
-            )
         reserves = info["reserves"]
         if reserves:
             print(
@@ -601,8 +584,7 @@ async def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--modes",
         default=",".join(DEFAULT_MODES),
-        help=f"comma-separated, of {', '.join(MODES)} (no_reserve: learned with top_reserve_quantile 0; no_burst: "
-        "learned with top_burst_fraction 0; stale_kv: "
+        help=f"comma-separated, of {', '.join(MODES)} (no_reserve: learned with top_reserve_quantile 0; stale_kv: "
         "learned without subtracting finished requests from the scraped KV-cache usage)",
     )
     parser.add_argument("--seconds", type=float, default=25.0, help="overload duration per mode")

@@ -190,12 +190,6 @@ class BackpressureSettings(SettingsModel):
     ``overload/reserve.py``). The top tier's requests in flight count towards it. 0: off, only the one slot
     every lower tier leaves; higher values make top-tier waits behind lower tiers rarer and leave more slots
     idle while the top tier is quiet (bench/results/backpressure.md, 2026-12-06 second section)."""
-    top_burst_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.25
-    """Slots past the learned concurrency limit that the highest tier may take instead of waiting for one, as a
-    fraction of the limit (rounded up: 0.25 of a limit of 9 is 3). Only the highest tier, only with two tiers
-    or more, and only past the limit: lower tiers are refused first and never use them; the KV-cache checks
-    apply as before. 0: off, the highest tier waits at the limit (see ``overload/shedding.py``,
-    ``burst_slots``)."""
     default_output_tokens: Annotated[int, Field(ge=0, le=10_000_000)] = 256
     """Output tokens reserved before anything is learned (``learned``), or by a request that sets neither
     max_tokens nor max_completion_tokens (``max_tokens``)."""

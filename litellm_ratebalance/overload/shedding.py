@@ -21,15 +21,12 @@ Definitions:
      ``memory_pressure``); a request whose cost alone exceeds it can never fit (advice ``reroute``). The
      token cap is ``θ x C``; below the highest tier, at most ``hard x C - headroom_tokens``: one typical
      request's worth of the cache always stays for the tiers above, as one slot does in 3.;
-  3. concurrency: the highest tier may fill every slot of the limit, and with a burst allowance ``B``
-     (:func:`burst_slots`) ``B`` slots past it; beyond that it gets 429 ``concurrency_limit`` (or waits in the
-     queue where one is enabled). A lower tier may take a slot while
+  3. concurrency: the highest tier may fill every slot of the limit; at the limit it gets 429
+     ``concurrency_limit`` (or waits in the queue where one is enabled). A lower tier may take a slot while
      the concurrency signal, ``in flight / limit``, is below ``θ`` (judged before the admission, as the
      server signals in 1. are) and one slot at least stays free for the tiers above -> else shed (503
      ``compute_saturation``). With a top-tier reserve ``R`` (:mod:`.reserve`), a lower tier also leaves
-     ``R`` less the top tier's requests already in flight free: ``in flight + 1 <= limit - max(0, R - top)``.
-     The burst slots are the top tier's alone: a lower tier's cap stays below the limit, so while the top
-     tier runs past the limit every lower tier is refused, and the memory checks (1., 2.) apply as before;
+     ``R`` less the top tier's requests already in flight free: ``in flight + 1 <= limit - max(0, R - top)``;
   4. a request of a higher tier is waiting for this deployment (``waiting_rank`` > ``t``) -> shed (503,
      ``memory_pressure`` when the tokens are the tighter resource, else ``compute_saturation``): what
      frees up goes to the waiting request, not to a lower tier arriving after it;
@@ -57,7 +54,6 @@ __all__ = [
     "Utilisation",
     "Verdict",
     "advice",
-    "burst_slots",
     "decide",
     "retry_after_seconds",
     "store_refusal",
@@ -148,36 +144,18 @@ def tier_threshold(rank: int, n_tiers: int, shed_threshold: float, hard_threshol
     return shed_threshold + rank * (hard_threshold - shed_threshold) / (n_tiers - 1)
 
 
-def burst_slots(limit: int, fraction: float) -> int:
-    """Slots the highest tier may take past the concurrency ``limit`` rather than wait for one:
-    ``ceil(fraction x limit)`` (0 for ``fraction <= 0``).
-
-    Why: on a server whose throughput is flat past its knee, a request past the limit costs every running
-    request ``1 / knee`` of its speed but is served at once, while a top-tier request that waits for a slot
-    waits for a whole completion. When the top tier alone keeps most of the limit busy it queues behind its own
-    requests whatever the lower tiers are left (an M/M/c queue at a load near ``c``); a few slots past the
-    limit turn those waits into a small slowdown for everyone. Proportional to the limit so that the slowdown
-    it can cause, ``(limit + B) / limit``, is the same on a small and a large server."""
-    if not math.isfinite(fraction) or fraction <= 0 or limit <= 0:
-        return 0
-    return math.ceil(fraction * limit - 1e-9)
-
-
-def tier_slots(
-    rank: int, n_tiers: int, limit: int, shed_threshold: float, hard_threshold: float, top_burst: int = 0
-) -> int:
+def tier_slots(rank: int, n_tiers: int, limit: int, shed_threshold: float, hard_threshold: float) -> int:
     """How many requests may be in flight, all tiers together, once a request of tier ``rank`` is admitted:
-    the whole limit plus ``top_burst`` (see :func:`burst_slots`) for the highest tier; below it
-    ``ceil(threshold x limit)``, since such a request is admitted while ``in flight / limit < threshold``, but
-    at most ``limit - 1`` (one slot always stays for the tiers above: a limit of 2 is not all the low tier's
-    at 0.85).
+    the whole limit for the highest tier; below it ``ceil(threshold x limit)``, since such a request is
+    admitted while ``in flight / limit < threshold``, but at most ``limit - 1`` (one slot always stays
+    for the tiers above: a limit of 2 is not all the low tier's at 0.85).
 
     Judged before the admission, like the server signals: with a limit of 9 and a threshold of 0.85 the
     8th request (7 of 9 = 0.78 in flight) is admitted and the 9th (0.89) is not. (Judging the utilisation
     after it, ``(in flight + 1) / limit <= threshold``, would stop at 7: up to one slot fewer, which on a
     server whose limit sits near its knee keeps it below full speed whenever the top tier leaves a gap.)"""
     if n_tiers <= 1 or rank >= n_tiers - 1:
-        return limit + max(0, top_burst)
+        return limit
     threshold = tier_threshold(rank, n_tiers, shed_threshold, hard_threshold)
     return max(0, min(limit - 1, math.ceil(threshold * limit - 1e-9)))
 
@@ -235,7 +213,6 @@ def decide(
     headroom_tokens: int = 0,
     top_reserve: int = 0,
     top_inflight: int = 0,
-    top_burst: int = 0,
 ) -> Verdict:
     """Decide one request of tier ``rank`` against one deployment (see the module docstring).
 
@@ -245,12 +222,11 @@ def decide(
     tokens of a typical request), so a top-tier request finds room without waiting for a lower one to end.
     ``top_reserve``: slots a tier below the highest leaves for the highest tier's own arrivals
     (:func:`~litellm_ratebalance.overload.reserve.reserve_slots`); ``top_inflight``: the highest tier's
-    requests in flight, which count towards that reserve. ``top_burst``: slots the highest tier may take past
-    ``limit`` (:func:`burst_slots`); a lower tier's cap does not move.
+    requests in flight, which count towards that reserve.
     """
     top = n_tiers <= 1 or rank >= n_tiers - 1
     threshold = tier_threshold(rank, n_tiers, shed_threshold, hard_threshold)
-    slots = tier_slots(rank, n_tiers, limit, shed_threshold, hard_threshold, top_burst)
+    slots = tier_slots(rank, n_tiers, limit, shed_threshold, hard_threshold)
     if not top and top_reserve > 0:
         slots = max(0, min(slots, limit - max(0, top_reserve - max(0, top_inflight))))
     token_cap = None if kv_cache_tokens is None else math.floor(threshold * kv_cache_tokens)

@@ -367,7 +367,6 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 "prompt_scale": state.prompt_scale.factor,
                 "top_reserve": ctx.top_reserve(state),
                 "top_inflight": state.top_inflight,
-                "top_burst": ctx.top_burst(state),
                 "signals": ctx.server_signals(state),
             }
             for deployment_id, state in ctx.deployments.items()

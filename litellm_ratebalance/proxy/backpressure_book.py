@@ -28,7 +28,7 @@ from litellm_ratebalance.overload.output import OutputEstimate
 from litellm_ratebalance.overload.prompt import PromptScale
 from litellm_ratebalance.overload.queue import FairQueue
 from litellm_ratebalance.overload.reserve import TopDemand
-from litellm_ratebalance.overload.shedding import Tiers, Verdict, burst_slots, decide
+from litellm_ratebalance.overload.shedding import Tiers, Verdict, decide
 from litellm_ratebalance.overload.signals import SignalBoard, held_at_scrape, server_signals
 
 __all__ = ["PROCESS", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
@@ -268,15 +268,7 @@ class Context:
             headroom_tokens=math.ceil(state.typical_cost),
             top_reserve=self.top_reserve(state),
             top_inflight=state.top_inflight,
-            top_burst=self.top_burst(state),
         )
-
-    def top_burst(self, state: DeploymentState) -> int:
-        """Slots the highest tier may take past ``state``'s limit now (see ``overload/shedding.py``,
-        ``burst_slots``); 0 with a single tier (everyone is the highest tier: the limit would just be larger)."""
-        if len(self.tiers) <= 1:
-            return 0
-        return burst_slots(state.limit.limit, self.settings.top_burst_fraction)
 
     def top_reserve(self, state: DeploymentState) -> int:
         """Slots the tiers below the highest leave free for it on ``state`` now (see ``overload/reserve.py``);

@@ -113,11 +113,6 @@ def _describe(
             f"{state.config.kv_cache_tokens}"
         )
     if reason is Reason.CONCURRENCY_LIMIT:
-        if verdict.slots > limit:
-            return (
-                f"all {limit} concurrency slots and the {verdict.slots - limit} slots the highest tier may take "
-                "past them are in use"
-            )
         return f"all {limit} concurrency slots are in use"
     if verdict.signal == "concurrency":
         return (
