@@ -27,6 +27,11 @@ Per profile:
    for a comparison on the same request sequence. Layer settings: tiers ``[low, high]``, ``kv_cache_tokens``
    of the server, metrics scraped, queue on (max wait 10 s).
 
+``--seed`` fixes the requests: the closed loop, the unloaded sample and the overload sequence each draw from
+an rng of their own derived from it (:func:`seeded`), so a seed sends the same overload requests in every
+run; only their arrival times scale with the measured capacity (and a few requests more or fewer fit in the
+run). The share of the capacity the high tier offers alone is printed per profile.
+
 Targets (``learned``, each profile): high priority refused <= 5%, high p95 per output token <= 1.5x
 unloaded, zero simulated OOM failures, goodput >= 85% of the best closed loop, the low tier refused more
 than the high one. Goodput: output tokens of successful requests completed inside the measurement window
@@ -187,15 +192,32 @@ def make_job(rng: random.Random, profile: Profile, at: float, priority: str, ind
     return Job(at, priority, messages, max_tokens, answer)
 
 
-def make_jobs(rng: random.Random, profile: Profile, rate: float, seconds: float, high_share: float) -> list[Job]:
+def seeded(seed: int, purpose: str) -> random.Random:
+    """An rng of its own per ``purpose``, derived from ``--seed``: what one part of the bench draws (the
+    closed loop draws as many requests as the server completes) cannot shift what another part draws."""
+    return random.Random(f"bench_backpressure:{seed}:{purpose}")
+
+
+def make_jobs(seed: int, profile: Profile, rate: float, seconds: float, high_share: float) -> list[Job]:
+    """The overload sequence of ``seed``: Poisson arrivals at ``rate`` for ``seconds``. Request ``i`` (its
+    priority, prompt and answer) and the ``i``-th inter-arrival gap in units of ``1 / rate`` come from two
+    rngs of their own, so the same seed sends the same requests whatever capacity the closed loop measured;
+    only the arrival times scale with the rate (and a few requests more or fewer fit in ``seconds``)."""
+    contents, arrivals = seeded(seed, "overload"), seeded(seed, "arrivals")
     jobs: list[Job] = []
     t = 0.0
     while True:
-        t += rng.expovariate(rate)
+        t += arrivals.expovariate(1.0) / rate
         if t >= seconds:
             return jobs
-        priority = "high" if rng.random() < high_share else "low"
-        jobs.append(make_job(rng, profile, t, priority, len(jobs)))
+        priority = "high" if contents.random() < high_share else "low"
+        jobs.append(make_job(contents, profile, t, priority, len(jobs)))
+
+
+def mean_answer(seed: int, profile: Profile) -> float:
+    """Mean natural answer length of the profile's requests (2,000 drawn from ``seed``'s own rng)."""
+    rng = seeded(seed, "mean_answer")
+    return statistics.fmean(make_job(rng, profile, 0.0, "low", i).answer for i in range(2000))
 
 
 def router_for(api_base: str) -> Router:
@@ -419,23 +441,21 @@ async def run_layer(
 
 
 async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list[tuple[str, bool]]]:
-    rng = random.Random(args.seed)
     spec = profile.spec
     async with InferenceServerProcess(spec) as server:
-        rates = await measure_capacity(server, profile, rng)
+        rates = await measure_capacity(server, profile, seeded(args.seed, "closed_loop"))
         best_concurrency = max(rates, key=lambda c: rates[c])
         best = rates[best_concurrency]
         if best <= 0:
             raise SystemExit(f"profile {profile.name}: every closed loop ran out of memory; widen closed_loop")
-        answers = [make_job(rng, profile, 0.0, "low", i).answer for i in range(2000)]
-        mean_output = statistics.fmean(answers)
+        mean_output = mean_answer(args.seed, profile)
         rate = OVERLOAD * best / mean_output
         saved_callbacks = list(litellm.callbacks)
         litellm.callbacks = []
         plain = router_for(server.api_base)
-        unloaded = await measure_unloaded(plain, profile, rng)
+        unloaded = await measure_unloaded(plain, profile, seeded(args.seed, "unloaded"))
         unloaded_p95 = p95(unloaded)
-        jobs = make_jobs(rng, profile, rate, args.seconds, args.high_share)
+        jobs = make_jobs(args.seed, profile, rate, args.seconds, args.high_share)
         summaries: dict[str, dict[str, Any]] = {}
         views: dict[str, dict[str, Any]] = {}
         for mode in args.modes:

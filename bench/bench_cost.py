@@ -33,7 +33,6 @@ import asyncio
 import logging
 import os
 import random
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -59,8 +58,10 @@ from bench.bench_backpressure import (
     Profile,
     make_job,
     make_jobs,
+    mean_answer,
     measure_capacity,
     router_for,
+    seeded,
     wait_idle,
 )
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
@@ -161,14 +162,12 @@ class Outcome:
 
 
 async def run_profile(profile: Profile, args: Any) -> Outcome:
-    rng = random.Random(args.seed)
     async with InferenceServerProcess(profile.spec) as server:
-        best = max((await measure_capacity(server, profile, rng)).values())
+        best = max((await measure_capacity(server, profile, seeded(args.seed, "closed_loop"))).values())
         if best <= 0:
             raise SystemExit(f"profile {profile.name}: every closed loop ran out of memory")
-        mean_output = statistics.fmean(make_job(rng, profile, 0.0, "low", i).answer for i in range(2000))
-        rate = OVERLOAD * best / mean_output
-        jobs = make_jobs(rng, profile, rate, args.seconds, args.high_share)
+        rate = OVERLOAD * best / mean_answer(args.seed, profile)
+        jobs = make_jobs(args.seed, profile, rate, args.seconds, args.high_share)
         await wait_idle(server)
 
         saved_callbacks = list(litellm.callbacks)
