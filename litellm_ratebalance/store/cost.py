@@ -15,19 +15,13 @@ from typing import Protocol
 from litellm_ratebalance.attribution.sharing import Efficiency
 from litellm_ratebalance.store._scripts import ScriptRunner
 from litellm_ratebalance.store.keys import KeySpace
-from litellm_ratebalance.store.metering import CostMark, MemorySharing
+from litellm_ratebalance.store.metering import CostMark, MemorySharing, positive_ms
 
 __all__ = ["CostMark", "CostStore", "MemoryCostStore", "RedisCostStore"]
 
 
 class CostStore(Protocol):
     async def cost_efficiency(self, deployment_id: str, *, half_life_ms: int) -> Efficiency | None: ...
-
-
-def _half_life(value: int) -> int:
-    if value < 1:
-        raise ValueError(f"half-life must be at least 1 ms (got {value})")
-    return int(value)
 
 
 class RedisCostStore:
@@ -38,7 +32,7 @@ class RedisCostStore:
 
     async def cost_efficiency(self, deployment_id: str, *, half_life_ms: int) -> Efficiency | None:
         found, gpu_seconds, tokens, _now = await self._runner.run(
-            "cost_read", [self._keys.cost_state(deployment_id)], [_half_life(half_life_ms)]
+            "cost_read", [self._keys.cost_state(deployment_id)], [positive_ms(half_life_ms, "half-life")]
         )
         if not int(found):
             return None
@@ -54,6 +48,5 @@ class MemoryCostStore:
     _sharing: MemorySharing
 
     async def cost_efficiency(self, deployment_id: str, *, half_life_ms: int) -> Efficiency | None:
-        _half_life(half_life_ms)
-        with self._lock:
+        with self._lock:  # (efficiency() checks the half-life)
             return self._sharing.efficiency(deployment_id, int(self._clock() * 1000), half_life_ms)

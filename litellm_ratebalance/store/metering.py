@@ -20,7 +20,8 @@ from litellm_ratebalance.attribution.sharing import Efficiency, Mark, SharingClo
 __all__ = ["CostMark", "MemorySharing", "MeterEnd", "MeterStart"]
 
 
-def _positive_ms(value: int, what: str) -> int:
+def positive_ms(value: int, what: str) -> int:
+    """``value`` as an int; ValueError naming ``what`` unless it is at least 1 ms."""
     if value < 1:
         raise ValueError(f"{what} must be at least 1 ms (got {value})")
     return int(value)
@@ -34,8 +35,8 @@ class _Durations:
     """Time-to-live of the deployment's cost state; each mark pushes it out (> 0)."""
 
     def __post_init__(self) -> None:
-        _positive_ms(self.half_life_ms, "half-life")
-        _positive_ms(self.ttl_ms, "ttl")
+        positive_ms(self.half_life_ms, "half-life")
+        positive_ms(self.ttl_ms, "ttl")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,7 +128,7 @@ class MemorySharing:
 
     def efficiency(self, deployment_id: str, now_ms: int, half_life_ms: int) -> Efficiency | None:
         """The efficiency sums decayed to ``now_ms``; ``None`` when no request has ended within the ttl."""
-        half_life = _positive_ms(half_life_ms, "half-life") / 1000.0
+        half_life = positive_ms(half_life_ms, "half-life") / 1000.0
         state = self._state.get(deployment_id)
         if state is None or state.efficiency_at_ms is None:
             return None
