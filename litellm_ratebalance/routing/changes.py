@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.evidence import FAILURE_STREAK
-from litellm_ratebalance.routing.fits import PRESUMED_SLOTS, SLOTS_GROWTH, LoadFit
+from litellm_ratebalance.routing.fits import PRESUMED_SLOTS, LoadFit
 from litellm_ratebalance.routing.types import Candidate
 from litellm_ratebalance.routing.view import GroupView, note_answers
 from litellm_ratebalance.routing.window import add_to
@@ -54,8 +54,8 @@ def changed(
         # How many requests it serves at full speed is a property of its hardware, which a change of rate
         # seldom is: the slots learnt stand until the new regime shows its own.
         carried = old_fit.slots()
-        proven = old_fit.presumed_slots() / SLOTS_GROWTH if carried is None else 0.0
-        if carried is not None or proven > PRESUMED_SLOTS / SLOTS_GROWTH:
+        proven = old_fit.proven_load() if carried is None else 0.0
+        if carried is not None or old_fit.presumed_slots() > PRESUMED_SLOTS:
             view.loads[deployment_id] = LoadFit(carried_slots=carried, carried_proven=proven)
     view.sizes.pop(deployment_id, None)
     view.second_opinions.pop(deployment_id, None)

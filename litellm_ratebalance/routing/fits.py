@@ -121,9 +121,9 @@ class LoadFit:
             None,
             carried_slots,
             None,
-            max(PRESUMED_SLOTS, SLOTS_GROWTH * carried_proven),
+            carried_proven,
         )
-        """(light-load rate, top of its load level, slots, spread, presumed slots) as of the last sample."""
+        """(light-load rate, top of its load level, slots, spread, proven load) as of the last sample."""
 
     def add(
         self,
@@ -170,8 +170,7 @@ class LoadFit:
             self.base_latency = base_latency
         light = self._light()
         slots, proven = self._slots(light)
-        presumed = max(PRESUMED_SLOTS, SLOTS_GROWTH * max(proven, self.carried_proven))
-        self._derived = (*light, slots, self._spread(), presumed)
+        self._derived = (*light, slots, self._spread(), max(proven, self.carried_proven))
 
     def _throughput(self) -> tuple[float, float]:
         """(peak, busiest load): the highest ``mean load x mean rate`` of a load level with weight enough
@@ -242,6 +241,11 @@ class LoadFit:
         """Slots to act on while :meth:`slots` is None: :data:`SLOTS_GROWTH` times the busiest load (mean of a
         load level with weight enough) the deployment has been seen to serve at full speed, at least
         :data:`PRESUMED_SLOTS`. (Once the fit has seen saturation it is not used: :meth:`slots` says.)"""
+        return max(PRESUMED_SLOTS, SLOTS_GROWTH * self._derived[4])
+
+    def proven_load(self) -> float:
+        """The busiest load seen served at full speed while :meth:`slots` is None, or carried over from the
+        previous regime (0: none; what :meth:`presumed_slots` grows from)."""
         return self._derived[4]
 
     def _slots(self, light: tuple[float | None, float | None]) -> tuple[float | None, float]:
