@@ -13,8 +13,8 @@ and are LiteLLM / FastAPI exceptions, not these.
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Awaitable
 from enum import Enum
 from typing import Any
 
@@ -50,10 +50,11 @@ class StoreError(RateBalanceError):
     """The shared store could not complete an operation (connection lost, timeout, script error).
 
     ``cause`` says why (:class:`StoreFault`). ``late`` is set when the operation timed out but may still run in
-    Redis: an awaitable of its reply (or error), resolved when Redis answers or the late wait is given up;
+    Redis: a future of its outcome (the operation's result, or an error), resolved when Redis answers or the late
+    wait is given up (then cancelled);
     callers whose operation changes counts use it to reconcile (see the store's module docs)."""
 
-    def __init__(self, message: str, *, cause: StoreFault = StoreFault.ERROR, late: Awaitable[Any] | None = None):
+    def __init__(self, message: str, *, cause: StoreFault = StoreFault.ERROR, late: asyncio.Future[Any] | None = None):
         super().__init__(message)
         self.cause = cause
         self.late = late

@@ -23,6 +23,7 @@ and a success after a failed attempt still records its usage.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -54,6 +55,7 @@ from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_sta
 from litellm_ratebalance.proxy.settle_queue import SettleQueue
 from litellm_ratebalance.proxy.tokens import actual_tokens, prompt_tokens, requested_output_tokens, usage_of
 from litellm_ratebalance.settings import Settings
+from litellm_ratebalance.store.admission import AcquireResult
 from litellm_ratebalance.store.keys import escape_name
 
 __all__ = ["PriorityRateLimiter", "rate_limiter"]
@@ -114,6 +116,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             "admission_saturation", "Model-group saturation seen at the last decision", ["model_group"]
         )
         self._latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
+        self._late_replies = metrics.late_replies()
         self._estimate = metrics.gauge(
             "admission_output_estimate_tokens",
             "Learned output tokens a request of the model group reserves (before capping at max_tokens)",
@@ -220,7 +223,13 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
                 quantile=limiter_settings.output_estimate_quantile,
             )
         except StoreError as exc:
-            if settles is not None:
+            if exc.late is not None:
+                # Timed out, maybe still running in Redis: whatever it reserves is given back when it answers
+                # (the request goes on per the fail mode, uncounted or counted elsewhere), and the settles it
+                # carried are applied by it, not sent again.
+                pool = limits.pool
+                exc.late.add_done_callback(lambda late: self._give_back_late(model_group, pool, late))
+            elif settles is not None:
                 self._settles.put_back(model_group, settles, derived.window_ms)
             if not runtime.faults.record(COMPONENT, exc, derived.settings):
                 raise runtime.faults.unavailable(COMPONENT) from None
@@ -398,11 +407,29 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             )
         except StoreError as exc:
             # Post-call: nothing to refuse any more; the batch waits for the next admission of its model
-            # group, and the fail mode only decides whether we warn.
-            self._settles.put_back(model_group, batch, derived.window_ms)
+            # group (unless the call timed out and may still apply it), and the fail mode only decides
+            # whether we warn.
+            if exc.late is not None:
+                exc.late.add_done_callback(self._late_outcome)
+            else:
+                self._settles.put_back(model_group, batch, derived.window_ms)
             runtime.faults.record(COMPONENT, exc, derived.settings)
             return False
         return True
+
+    def _give_back_late(self, model_group: str, pool: str, late: asyncio.Future[AcquireResult]) -> None:
+        """A timed-out admission answered after all: give back the request it reserved, with the next batch."""
+        if self._late_outcome(late) and (result := late.result()).admitted:
+            self._settles.batch(model_group).add(result.window_start_ms, pool, -result.cost_tokens, -1)
+
+    def _late_outcome(self, late: asyncio.Future[Any]) -> bool:
+        """Count a timed-out call's late outcome; True if Redis answered (what it carried was applied).
+
+        Without an answer (an error, or none within the late wait) its settles are lost as a batch of a
+        killed process would be: reservations stay as estimated until their window ends."""
+        answered = not late.cancelled() and late.exception() is None
+        self._late_replies.labels(COMPONENT, "answered" if answered else "lost").inc()
+        return answered
 
     async def _flush_local(self, model_group: str, batch: SettleBatch) -> bool:
         """Apply one model group's pending settles of ``fail_mode: local`` admissions to the local store."""

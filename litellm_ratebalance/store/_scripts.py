@@ -41,7 +41,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from litellm_ratebalance.errors import StoreError, StoreFault, redact
 from litellm_ratebalance.store.loop_clock import LoopStallClock, ResponsiveDeadline, StallTimeout
 
-__all__ = ["DEFAULT_MAX_IN_FLIGHT", "LATE_REPLY_SECONDS", "CallObserver", "ScriptRunner", "load_lua", "wall_cap"]
+__all__ = [
+    "DEFAULT_MAX_IN_FLIGHT",
+    "LATE_REPLY_SECONDS",
+    "CallObserver",
+    "ScriptRunner",
+    "load_lua",
+    "map_late",
+    "wall_cap",
+]
 
 ASK_STATE_SECONDS = 2.0
 """After a script on a slot needed the ASK path, later scripts on that slot take it first for this long (a
@@ -101,6 +109,34 @@ class _CallTimeout(Exception):
         super().__init__(str(timeout))
         self.timeout = timeout
         self.late = late
+
+
+def map_late(late: asyncio.Future[Any] | None, decode: Callable[[Any], Any]) -> asyncio.Future[Any] | None:
+    """A future of ``decode(reply)`` for the late reply ``late`` (``None`` stays ``None``): how a store part
+    hands its callers a timed-out call's decoded outcome. Its exception, if any, never logs as unretrieved
+    (most callers of read-only operations ignore late replies)."""
+    if late is None:
+        return None
+    decoded: asyncio.Future[Any] = late.get_loop().create_future()
+
+    def relay(done: asyncio.Future[Any]) -> None:
+        if decoded.done():
+            return
+        if done.cancelled():
+            decoded.cancel()
+            return
+        error = done.exception()
+        if error is None:
+            try:
+                decoded.set_result(decode(done.result()))
+                return
+            except Exception as exc:  # a reply we cannot decode is an error like any other
+                error = exc
+        decoded.set_exception(error)
+        decoded.exception()  # marks it retrieved
+
+    late.add_done_callback(relay)
+    return decoded
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:
