@@ -20,6 +20,10 @@ from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import KeySpace, RedisStore
 from litellm_ratebalance.store._scripts import ScriptRunner
 from tests.faults.delay_proxy import DelayProxy
+from tests.integration.contracts_support import auth as contract_auth
+from tests.integration.contracts_support import call as contract_call
+from tests.integration.contracts_support import make_callback
+from tests.integration.contracts_support import request as contract_request
 from tests.integration.limiter_support import auth, call, finish, make_router, request
 from tests.servers import RedisServer
 
@@ -49,7 +53,7 @@ async def test_a_reply_read_late_by_a_busy_loop_is_not_a_store_fault(direct: aio
     await runner.call("warm-up", lambda client: client.ping())
     pending = asyncio.ensure_future(runner.call("set", lambda client: client.set(f"{PREFIX}:k", "v")))
     await asyncio.sleep(0)  # the command is written ...
-    time.sleep(0.5)  # ... and the loop is busy for five timeouts (a burst's per-request work)
+    time.sleep(0.5)  # noqa: ASYNC251 ... and the loop is busy for five timeouts (a burst's per-request work)
     assert await pending is True
     assert await runner.call("get", lambda client: client.get(f"{PREFIX}:k")) == b"v"  # breaker still closed
 
@@ -94,8 +98,8 @@ def slow_limiter(url: str, router: object, fail_mode: str) -> PriorityRateLimite
 
 
 async def window(direct: aioredis.Redis) -> dict[str, int]:
-    raw = await direct.hgetall(KeySpace(PREFIX).admission_window("m"))
-    return {key.decode(): int(value) for key, value in raw.items() if key.decode() in ("r", "t")}
+    raw: dict[bytes, bytes] = await direct.hgetall(KeySpace(PREFIX).admission_window("m"))  # type: ignore[assignment]
+    return {key.decode(): int(value) for key, value in raw.items() if key in (b"r", b"t")}
 
 
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
@@ -119,3 +123,26 @@ async def test_a_timed_out_admission_reserved_in_redis_is_given_back_and_its_set
     # What is left counts the first request exactly: its correction applied once, the late one given back.
     assert await window(direct) == {"r": 1, "t": 30}
     assert reserved != 30  # (the correction did change something)
+
+
+async def test_a_timed_out_contract_count_leaves_no_estimate_in_flight(
+    slow_path: DelayProxy, direct: aioredis.Redis
+) -> None:
+    client = aioredis.Redis.from_url(slow_path.url)
+    store = RedisStore(client, KeySpace(PREFIX), timeout_seconds=TIMEOUT_S, cooldown_seconds=0.0)
+    callback = make_callback(store)
+    slow_path.delay_s = DELAY_S
+    data = contract_request(max_tokens=40)
+    assert await contract_call(callback, data, contract_auth("s2s")) is None  # fail open: served, mode unknown
+    slow_path.delay_s = 0.0
+    await asyncio.sleep(3 * DELAY_S)
+    await callback.drain()
+
+    seconds, _ = await direct.time()
+    window = await store.contract_window(3600, int(seconds) // 3600 * 3600)
+    assert window is not None
+    # Counted once (the request was served); its estimate left flight, recorded as its usage.
+    assert window.requests["s2s"] == 1
+    assert window.in_flight.get("s2s", 0) == 0
+    assert window.tokens["s2s"] > 0
+    await client.aclose()

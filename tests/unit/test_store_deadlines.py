@@ -25,7 +25,7 @@ def reply_from_thread(loop: asyncio.AbstractEventLoop, future: asyncio.Future[st
 
     def run() -> None:
         time.sleep(after_s)
-        loop.call_soon_threadsafe(lambda: future.done() or future.set_result("reply"))
+        loop.call_soon_threadsafe(future.set_result, "reply")
 
     threading.Thread(target=run, daemon=True).start()
 
