@@ -22,13 +22,14 @@ import uuid
 from typing import Any
 
 from litellm_ratebalance.errors import StoreError
+from litellm_ratebalance.metrics import late_replies
 from litellm_ratebalance.overload.shedding import Verdict, store_refusal
 from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState, Lease, Profile, Waiter
 from litellm_ratebalance.proxy.backpressure_metrics import observe_queue_wait, set_gauges
 from litellm_ratebalance.proxy.backpressure_refusals import MARK, queue_full, queue_timeout, refusal
 from litellm_ratebalance.proxy.cost import cost_meter
 from litellm_ratebalance.proxy.runtime import get_runtime
-from litellm_ratebalance.store.concurrency import LeaseRefusal
+from litellm_ratebalance.store.concurrency import LeaseRefusal, LeaseResult
 
 __all__ = [
     "COMPONENT",
@@ -102,6 +103,11 @@ async def _try_lease(
             meter=meter.start_mark(state.deployment_id),  # cost: the start mark rides on the acquire
         )
     except StoreError as exc:
+        if exc.late is not None:
+            # Timed out, maybe still taken in Redis: the request goes on unaccounted (or is refused), so a
+            # lease the late reply took is given back at once rather than left to lapse after its TTL.
+            late = exc.late
+            late.add_done_callback(lambda _: _release_late(late, state.deployment_id, lease_id))
         if runtime.faults.record(COMPONENT, exc, runtime.settings()):
             return None
         unavailable = runtime.faults.unavailable(COMPONENT)
@@ -120,6 +126,14 @@ async def _try_lease(
         return fresh
     # The store refused on counts our cached view does not show yet (another replica): say what it said.
     return store_refusal(fresh, result.refusal is LeaseRefusal.TOKENS, ctx.tiers.is_top(profile.rank))
+
+
+def _release_late(late: asyncio.Future[LeaseResult], deployment_id: str, lease_id: str) -> None:
+    answered = not late.cancelled() and late.exception() is None
+    late_replies().labels(COMPONENT, "answered" if answered else "lost").inc()
+    if answered and late.result().acquired:
+        runtime = get_runtime()
+        runtime.spawn(runtime.store().lease_release(deployment_id, lease_id))
 
 
 async def wait_in_queue(ctx: Context, state: DeploymentState, profile: Profile, call_id: str) -> Lease | None:

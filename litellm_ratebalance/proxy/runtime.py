@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from litellm_ratebalance import metrics
@@ -75,6 +75,19 @@ class Runtime:
         self._local_store: MemoryStore | None = None
         self._router: Any | None = None
         self.faults = FaultPolicy()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` in the background on the running loop, kept referenced until it ends (store
+        reconciliation after a request: nothing waits for it). Its failure is logged, never raised."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.warning("litellm_ratebalance: background store work failed: %s", redact(str(error)))
 
     # -- settings -------------------------------------------------------------------------------------
     def settings(self) -> Settings:
