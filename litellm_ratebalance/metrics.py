@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-__all__ = ["counter", "gauge", "histogram", "late_replies"]
+__all__ = ["counter", "gauge", "histogram"]
 
 _lock = threading.Lock()
 _metrics: dict[str, Any] = {}
@@ -52,13 +52,3 @@ def histogram(
     name: str, documentation: str, labels: Sequence[str] = (), buckets: Sequence[float] = HOOK_LATENCY_BUCKETS
 ) -> Histogram:
     return _get_or_create(Histogram, name, documentation, labels, buckets=tuple(buckets))  # type: ignore[no-any-return]
-
-
-def late_replies() -> Counter:
-    """Store calls that timed out, by what came of them later: ``answered`` (Redis ran them; what they
-    changed was reconciled) or ``lost`` (no answer within the late wait; the damage is bounded per part)."""
-    return counter(
-        "store_late_replies",
-        "Timed-out store calls by their late outcome (answered and reconciled, or lost)",
-        ["component", "outcome"],
-    )

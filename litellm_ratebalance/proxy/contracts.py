@@ -57,6 +57,7 @@ from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
+from litellm_ratebalance.proxy.store_metrics import late_replies
 from litellm_ratebalance.proxy.tokens import actual_tokens, estimate_tokens, usage_of
 from litellm_ratebalance.settings import Settings
 
@@ -193,7 +194,7 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
             ["feature", "kind"],
         )
         self._latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
-        self._late_replies = metrics.late_replies()
+        self._late_replies = late_replies()
 
     def _runtime(self) -> Runtime:
         return self._own_runtime if self._own_runtime is not None else get_runtime()

@@ -53,6 +53,7 @@ from litellm_ratebalance.proxy.identity import resolve_priority
 from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 from litellm_ratebalance.proxy.settle_queue import SettleQueue
+from litellm_ratebalance.proxy.store_metrics import late_replies
 from litellm_ratebalance.proxy.tokens import actual_tokens, prompt_tokens, requested_output_tokens, usage_of
 from litellm_ratebalance.settings import Settings
 from litellm_ratebalance.store.admission import AcquireResult
@@ -116,7 +117,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             "admission_saturation", "Model-group saturation seen at the last decision", ["model_group"]
         )
         self._latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
-        self._late_replies = metrics.late_replies()
+        self._late_replies = late_replies()
         self._estimate = metrics.gauge(
             "admission_output_estimate_tokens",
             "Learned output tokens a request of the model group reserves (before capping at max_tokens)",

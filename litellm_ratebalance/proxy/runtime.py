@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
-from litellm_ratebalance import metrics
-from litellm_ratebalance.errors import ConfigurationError, StoreError, redact, redact_url
+from litellm_ratebalance.errors import ConfigurationError, StoreError, StoreFault, redact, redact_url
 from litellm_ratebalance.proxy import _litellm
+from litellm_ratebalance.proxy.store_metrics import observe_loop_lag, store_call_observer, store_errors
 from litellm_ratebalance.settings import Settings, load_settings
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore, Store
 
@@ -40,9 +40,8 @@ class FaultPolicy:
         local: the caller decides against :meth:`Runtime.local_store`)."""
         mode = settings.ratebalance.fail_mode
         fail_open = mode != "closed"
-        metrics.counter(
-            "store_errors", "Store (Redis) operations that failed, by component and fail mode", ["component", "mode"]
-        ).labels(component, mode).inc()
+        cause = exc.cause.value if isinstance(exc, StoreError) else StoreFault.ERROR.value
+        store_errors().labels(component, mode, cause).inc()
         now = time.monotonic()
         interval = settings.ratebalance.fault_log_interval_seconds
         last = self._last_warning.get(component)
@@ -127,28 +126,39 @@ class Runtime:
             )
             client = aioredis.Redis(connection_pool=pool)
             logger.info("litellm_ratebalance: using the Redis at ratebalance.redis_url %s", redact_url(url))
-            return RedisStore(
-                client,
-                keys,
-                owns_client=True,
-                timeout_seconds=settings.ratebalance.store_timeout_seconds,
-                cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
-                max_connections=settings.ratebalance.redis_max_connections,
+            return self._observed(
+                RedisStore(
+                    client,
+                    keys,
+                    owns_client=True,
+                    timeout_seconds=settings.ratebalance.store_timeout_seconds,
+                    cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
+                    max_connections=settings.ratebalance.redis_max_connections,
+                    observer=store_call_observer(),
+                )
             )
         cache = _litellm.discover_redis_cache()
         if cache is not None:
             logger.info("litellm_ratebalance: using the proxy's Redis")
             # LiteLLM's own client keeps the auth, TLS, database and cluster settings of its Redis config;
             # the store's gate never lets more calls in flight than that client's pool (per node) allows.
-            return RedisStore(
-                cache.init_async_client,
-                keys,
-                timeout_seconds=settings.ratebalance.store_timeout_seconds,
-                cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
-                max_connections=settings.ratebalance.redis_max_connections,
+            return self._observed(
+                RedisStore(
+                    cache.init_async_client,
+                    keys,
+                    timeout_seconds=settings.ratebalance.store_timeout_seconds,
+                    cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
+                    max_connections=settings.ratebalance.redis_max_connections,
+                    observer=store_call_observer(),
+                )
             )
         logger.info("litellm_ratebalance: no Redis configured; using the embedded store (limits per process)")
         return MemoryStore(keys)
+
+    @staticmethod
+    def _observed(store: RedisStore) -> RedisStore:
+        observe_loop_lag(lambda: store.max_loop_lag(reset=True))
+        return store
 
     # -- router ---------------------------------------------------------------------------------------
     def router(self) -> Any | None:

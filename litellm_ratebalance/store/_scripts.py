@@ -398,6 +398,11 @@ class ScriptRunner:
             self._state = state
         return state
 
+    def max_loop_lag(self, *, reset: bool = False) -> float:
+        """The longest event-loop stall seen since the last reset (0 before the first call)."""
+        state = self._state
+        return 0.0 if state is None else state.clock.max_lag(reset=reset)
+
     @property
     def max_in_flight(self) -> int | None:
         """The gate's size on the current loop (``None`` before the first call)."""
