@@ -17,6 +17,7 @@ from typing import Any
 
 from litellm_ratebalance.errors import ConfigurationError, StoreError, StoreFault, redact, redact_url
 from litellm_ratebalance.proxy import _litellm
+from litellm_ratebalance.proxy.replica_report import report_forever
 from litellm_ratebalance.proxy.store_metrics import observe_loop_lag, store_call_observer, store_errors
 from litellm_ratebalance.settings import Settings, load_settings
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore, Store
@@ -102,6 +103,7 @@ class Runtime:
             self._store = self._make_store(self.settings())
             if isinstance(self._store, RedisStore):
                 _spawn(warn_if_evictable(self._store))
+                _spawn(report_forever(self._store))
         return self._store
 
     def local_store(self) -> MemoryStore:
@@ -157,7 +159,7 @@ class Runtime:
 
     @staticmethod
     def _observed(store: RedisStore) -> RedisStore:
-        observe_loop_lag(lambda: store.max_loop_lag(reset=True))
+        observe_loop_lag(lambda: store.take_loop_lag("metrics"))
         return store
 
     # -- router ---------------------------------------------------------------------------------------

@@ -39,12 +39,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from litellm_ratebalance.errors import StoreError, StoreFault, redact
-from litellm_ratebalance.store.loop_clock import LoopStallClock, ResponsiveDeadline, StallTimeout
+from litellm_ratebalance.store.loop_clock import LagWatermark, LoopStallClock, ResponsiveDeadline, StallTimeout
 
 __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
     "LATE_REPLY_SECONDS",
     "CallObserver",
+    "CallTally",
     "ScriptRunner",
     "load_lua",
     "map_late",
@@ -165,6 +166,23 @@ class _LoopState:
     limit: int
     clock: LoopStallClock
     init_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lag_readers: dict[str, LagWatermark] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CallTally:
+    """Store calls over an interval: how many, the slowest, and the faults by cause."""
+
+    calls: int = 0
+    slowest_seconds: float = 0.0
+    faults: dict[str, int] = field(default_factory=dict)
+
+    def add(self, fault: StoreFault | None, seconds: float) -> None:
+        self.calls += 1
+        if seconds > self.slowest_seconds:
+            self.slowest_seconds = seconds
+        if fault is not None:
+            self.faults[fault.value] = self.faults.get(fault.value, 0) + 1
 
 
 class ScriptRunner:
@@ -185,6 +203,7 @@ class ScriptRunner:
         "_observer",
         "_scripts",
         "_state",
+        "_tally",
         "_timeout",
         "_wall_cap",
     )
@@ -218,6 +237,7 @@ class ScriptRunner:
         self._cooldown = cooldown_seconds
         self._late_reply_seconds = late_reply_seconds
         self._observer = observer
+        self._tally = CallTally()
         self._broken_until = 0.0
         self._max_in_flight = max_in_flight
         self._state: _LoopState | None = None
@@ -305,9 +325,11 @@ class ScriptRunner:
         return reply
 
     def _observe(self, fault: StoreFault | None, started: float) -> None:
+        seconds = time.perf_counter() - started
+        self._tally.add(fault, seconds)
         observer = self._observer
         if observer is not None:
-            observer(fault, time.perf_counter() - started)
+            observer(fault, seconds)
 
     def _script(self, client: Any, name: str) -> Any:
         script = self._scripts.get(name)
@@ -357,17 +379,18 @@ class ScriptRunner:
         gate: asyncio.Semaphore,
         reply: asyncio.Future[Any],
     ) -> Any:
-        """Run the call; hand its outcome to ``reply`` unless the caller stopped waiting; return it anyway
-        (the task's own result is the late reply)."""
+        """Run the call and hand its outcome to ``reply``; once the caller stopped waiting (``reply`` failed with
+        the timeout), the outcome is this task's own: the late reply."""
         try:
             result = await self._ready_then(client, operation)
         except BaseException as exc:
-            if not reply.done():
-                if isinstance(exc, asyncio.CancelledError):
-                    reply.cancel()
-                else:
-                    reply.set_exception(exc)
-            raise
+            if reply.done():
+                raise  # late: the error is the late outcome
+            if isinstance(exc, asyncio.CancelledError):
+                reply.cancel()
+                raise
+            reply.set_exception(exc)  # the caller has it; the task itself ends quietly
+            return None
         finally:
             gate.release()
         if not reply.done():
@@ -398,10 +421,21 @@ class ScriptRunner:
             self._state = state
         return state
 
-    def max_loop_lag(self, *, reset: bool = False) -> float:
-        """The longest event-loop stall seen since the last reset (0 before the first call)."""
+    def take_loop_lag(self, reader: str) -> float:
+        """The longest event-loop stall since ``reader`` last asked (each reader sees each stall once; 0
+        before the first store call)."""
         state = self._state
-        return 0.0 if state is None else state.clock.max_lag(reset=reset)
+        if state is None:
+            return 0.0
+        mark = state.lag_readers.get(reader)
+        if mark is None:
+            mark = state.lag_readers[reader] = state.clock.watermark()
+        return mark.take()
+
+    def take_tally(self) -> CallTally:
+        """What the calls since the last take came to (for the replica report), and start over."""
+        tally, self._tally = self._tally, CallTally()
+        return tally
 
     @property
     def max_in_flight(self) -> int | None:

@@ -19,22 +19,42 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
-__all__ = ["DEFAULT_TICK_SECONDS", "LoopStallClock", "ResponsiveDeadline", "StallTimeout"]
+__all__ = ["DEFAULT_TICK_SECONDS", "LagWatermark", "LoopStallClock", "ResponsiveDeadline", "StallTimeout"]
 
 DEFAULT_TICK_SECONDS = 0.02
 """The clock's resolution: a stall shorter than this is not noticed (and does not matter against timeouts of
 a tenth of a second and more). 50 callbacks a second cost a few microseconds of CPU each."""
 
 
+class LagWatermark:
+    """The longest stall one reader has not seen yet (each reader of the clock keeps its own)."""
+
+    __slots__ = ("_clock", "_longest")
+
+    def __init__(self, clock: LoopStallClock) -> None:
+        self._clock = clock
+        self._longest = 0.0
+
+    def note(self, stall: float) -> None:
+        if stall > self._longest:
+            self._longest = stall
+
+    def take(self) -> float:
+        """The longest stall since the last take (the one in progress included), and start over."""
+        longest = max(self._longest, self._clock.lag())
+        self._longest = 0.0
+        return longest
+
+
 class LoopStallClock:
     """Accumulated stall time of one event loop, from a self-rescheduling tick.
 
     ``stalled()`` is monotonic: the seconds, since the clock started, during which the loop was late by more
-    than one tick. ``max_lag(reset=True)`` reports the longest single stall since the last reset (a gauge for
-    operators).
+    than one tick. :meth:`watermark` gives a reader the longest single stall since it last looked (a gauge
+    for operators).
     """
 
-    __slots__ = ("_handle", "_last_tick", "_loop", "_max_lag", "_stalled", "_tick")
+    __slots__ = ("_handle", "_last_tick", "_loop", "_stalled", "_tick", "_watermarks")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, tick: float = DEFAULT_TICK_SECONDS) -> None:
         if tick <= 0:
@@ -42,7 +62,7 @@ class LoopStallClock:
         self._loop = loop
         self._tick = tick
         self._stalled = 0.0
-        self._max_lag = 0.0
+        self._watermarks: list[LagWatermark] = []
         self._last_tick = loop.time()
         self._handle: asyncio.TimerHandle | None = loop.call_at(self._last_tick + tick, self._on_tick)
 
@@ -50,12 +70,19 @@ class LoopStallClock:
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
+    def watermark(self) -> LagWatermark:
+        """A new reader of the longest stall (see :class:`LagWatermark`)."""
+        mark = LagWatermark(self)
+        self._watermarks.append(mark)
+        return mark
+
     def _on_tick(self) -> None:
         now = self._loop.time()
         late = now - self._last_tick - self._tick
         if late > 0:
             self._stalled += late
-            self._max_lag = max(self._max_lag, late)
+            for mark in self._watermarks:
+                mark.note(late)
         self._last_tick = now
         self._handle = self._loop.call_at(now + self._tick, self._on_tick)
 
@@ -67,13 +94,6 @@ class LoopStallClock:
     def lag(self) -> float:
         """How late the loop is right now (0 when it is keeping up)."""
         return max(0.0, self._loop.time() - self._last_tick - self._tick)
-
-    def max_lag(self, *, reset: bool = False) -> float:
-        """The longest stall seen (since the last reset), the one in progress included."""
-        longest = max(self._max_lag, self.lag())
-        if reset:
-            self._max_lag = 0.0
-        return longest
 
     def close(self) -> None:
         if self._handle is not None:

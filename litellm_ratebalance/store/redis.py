@@ -4,18 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from litellm_ratebalance.store._scripts import DEFAULT_MAX_IN_FLIGHT, CallObserver, ScriptRunner
+from litellm_ratebalance.store._scripts import DEFAULT_MAX_IN_FLIGHT, CallObserver, CallTally, ScriptRunner
 from litellm_ratebalance.store.admission import RedisAdmissionStore
 from litellm_ratebalance.store.concurrency import RedisConcurrencyStore
 from litellm_ratebalance.store.contracts import RedisContractStore
 from litellm_ratebalance.store.cost import RedisCostStore
 from litellm_ratebalance.store.keys import KeySpace
+from litellm_ratebalance.store.replicas import RedisReplicaStore
 from litellm_ratebalance.store.routing import RedisRoutingStore
 
 __all__ = ["RedisStore"]
 
 
-class RedisStore(RedisAdmissionStore, RedisRoutingStore, RedisContractStore, RedisConcurrencyStore, RedisCostStore):
+class RedisStore(
+    RedisAdmissionStore,
+    RedisRoutingStore,
+    RedisContractStore,
+    RedisConcurrencyStore,
+    RedisCostStore,
+    RedisReplicaStore,
+):
     """The store over a ``redis.asyncio`` client (``Redis`` or ``RedisCluster``).
 
     ``client`` is the client or a callable returning the current one (LiteLLM may replace its cached
@@ -57,10 +65,14 @@ class RedisStore(RedisAdmissionStore, RedisRoutingStore, RedisContractStore, Red
     def client(self) -> Any:
         return self._runner.client
 
-    def max_loop_lag(self, *, reset: bool = False) -> float:
-        """The longest stall of this process's event loop seen by the store since the last reset (0 before the
-        first call): the time during which no reply could be read (see :mod:`.loop_clock`)."""
-        return self._runner.max_loop_lag(reset=reset)
+    def take_loop_lag(self, reader: str) -> float:
+        """The longest stall of this process's event loop since ``reader`` last asked (0 before the first
+        store call): time during which no reply could be read (see :mod:`.loop_clock`)."""
+        return self._runner.take_loop_lag(reader)
+
+    def take_tally(self) -> CallTally:
+        """The store calls since the last take: count, slowest, faults by cause."""
+        return self._runner.take_tally()
 
     async def ping(self) -> None:
         """Raise StoreError unless Redis answers (sent even while the circuit breaker is open)."""
