@@ -50,7 +50,6 @@ SINGLE_CONFIG: dict[str, Any] = {
         # Exact counts under concurrent bursts are under test, not the fault policy: see PAIR_CONFIG.
         "ratebalance": {
             "key_prefix": SINGLE_PREFIX,
-            "store_timeout_seconds": 5.0,
             "limiter": {"window_seconds": WINDOW_S},
         },
     },
@@ -70,7 +69,7 @@ PAIR_CONFIG: dict[str, Any] = {
         # A generous store timeout: these tests check exact limits, not the fault policy. With the default
         # (0.5 s) a cold 100-request burst per proxy on 2 busy cores can time out, fail open and admit
         # beyond the limit (seen here: 60 of 200 at rpm 50).
-        "ratebalance": {"key_prefix": PAIR_PREFIX, "store_timeout_seconds": 5.0},
+        "ratebalance": {"key_prefix": PAIR_PREFIX},
     },
     "router_settings": {"num_retries": 0},
 }

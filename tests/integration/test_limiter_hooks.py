@@ -9,7 +9,7 @@ import pytest
 
 from litellm_ratebalance.store import MemoryStore, RedisStore
 from tests.integration.limiter_support import auth, call, finish, make_limiter, make_router, request
-from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -111,9 +111,7 @@ async def test_two_instances_sharing_redis_admit_exactly_rpm(redis_server: Redis
     pools = [aioredis.BlockingConnectionPool.from_url(redis_server.url, max_connections=40) for _ in range(2)]
     clients = [aioredis.Redis(connection_pool=pool) for pool in pools]
     await clients[0].flushdb()
-    limiters = [
-        make_limiter(RedisStore(client, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS), router) for client in clients
-    ]
+    limiters = [make_limiter(RedisStore(client), router) for client in clients]
     results = await asyncio.gather(*(call(limiters[i % 2], request(), auth()) for i in range(200)))
     assert sum(r is None for r in results) == 50
     assert all(r.status_code == 429 for r in results if r is not None)
@@ -153,9 +151,7 @@ async def test_tpm_holds_under_concurrency_within_estimation_error(redis_server:
     pools = [aioredis.BlockingConnectionPool.from_url(redis_server.url, max_connections=40) for _ in range(2)]
     clients = [aioredis.Redis(connection_pool=pool) for pool in pools]
     await clients[0].flushdb()
-    limiters = [
-        make_limiter(RedisStore(client, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS), router) for client in clients
-    ]
+    limiters = [make_limiter(RedisStore(client), router) for client in clients]
     datas = [request(max_tokens=rng.randint(20, 60), content="word " * rng.randint(1, 30)) for _ in range(120)]
     results = await asyncio.gather(*(call(limiters[i % 2], d, auth()) for i, d in enumerate(datas)))
     admitted = [(i, d) for i, (d, r) in enumerate(zip(datas, results, strict=True)) if r is None]

@@ -38,7 +38,7 @@ from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import RedisStore
 from tests.integration.contracts_support import sample
 from tests.integration.limiter_support import auth, finish, make_router, request
-from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -63,10 +63,6 @@ def outage_limiter(server: RedisServer, router: Any, fail_mode: str, **extra: An
                 "redis_url": server.url,
                 "key_prefix": PREFIX,
                 "fail_mode": fail_mode,
-                # The outages here are kill -9 (a refused connection fails at once); the timeout only has to
-                # keep a slow call on a loaded machine from failing open while Redis is up, which would
-                # break the exact counts.
-                "store_timeout_seconds": EXACT_COUNT_TIMEOUT_SECONDS,
                 "store_retry_after_seconds": RETRY_AFTER_S,
                 "fault_log_interval_seconds": 3600,
             }

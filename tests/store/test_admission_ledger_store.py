@@ -15,7 +15,6 @@ from litellm_ratebalance.admission.estimate import DECAY_AT_SAMPLES, SettleBatch
 from litellm_ratebalance.admission.ledger import RequestCost
 from litellm_ratebalance.admission.policy import AdmissionLimits, RejectReason
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore
-from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS
 from tests.store.admission_support import learn, settle
 
 if TYPE_CHECKING:
@@ -202,7 +201,7 @@ async def test_script_keeps_the_same_ledger_as_the_embedded_store(
     redis_client: aioredis.Redis, sequence: list[Step], tpm: int | None, rpm: int | None, quantile: float | None
 ) -> None:
     await redis_client.flushdb()
-    redis_store = RedisStore(redis_client, KeySpace("rbdiff"), timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
+    redis_store = RedisStore(redis_client, KeySpace("rbdiff"))
     memory_store = MemoryStore(KeySpace("rbdiff"))
     starts: dict[str, int] = {}
     for step in sequence:

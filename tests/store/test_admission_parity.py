@@ -33,7 +33,6 @@ from litellm_ratebalance.admission.policy import (
     saturation,
 )
 from litellm_ratebalance.store import KeySpace, RedisStore
-from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -203,7 +202,7 @@ AT_THRESHOLD_EXACTLY = _case((3, 0, 3, 0), rpm=10, threshold=0.3, pool_rpm=3.0)
 @example(case=AT_THRESHOLD_EXACTLY)
 async def test_script_decides_like_decide(redis_client: aioredis.Redis, case: Case) -> None:
     # The fixture's client is shared by all examples; each example rewrites the whole window hash.
-    store = RedisStore(redis_client, KeySpace("rbparity"), timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
+    store = RedisStore(redis_client, KeySpace("rbparity"))
     key = store.keys.admission_window(MODEL)
     seconds, microseconds = await redis_client.time()
     start = seconds * 1000 + microseconds // 1000 - 1000
