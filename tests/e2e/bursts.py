@@ -12,7 +12,11 @@ A burst proves the limiter decided every request through Redis: an admission dec
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
+import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +32,7 @@ __all__ = [
     "Burst",
     "assert_no_store_errors",
     "burst_config",
+    "cpu_hogs",
     "send_burst",
 ]
 
@@ -105,3 +110,17 @@ def assert_no_store_errors(replicas: list[LiteLLMProxy]) -> None:
     for replica in replicas:
         log = replica.log_text()
         assert "store error" not in log, f"{replica.name}: {replica.log_tail(20)}"
+
+
+@contextlib.contextmanager
+def cpu_hogs(count: int = 2, max_seconds: float = 600.0) -> Iterator[None]:
+    """``count`` processes that burn a CPU each (a busy machine) while the block runs; each stops by itself
+    after ``max_seconds`` at the latest."""
+    burn = f"import time\nend = time.monotonic() + {max_seconds}\nwhile time.monotonic() < end: pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
