@@ -38,6 +38,7 @@ __all__ = [
     "refresh_counts",
     "release",
     "release_if_cancelled",
+    "release_late_lease",
     "sort_candidates",
     "taken_elsewhere",
 ]
@@ -107,7 +108,7 @@ async def _try_lease(
             # Timed out, maybe still taken in Redis: the request goes on unaccounted (or is refused), so a
             # lease the late reply took is given back at once rather than left to lapse after its TTL.
             late = exc.late
-            late.add_done_callback(lambda _: _release_late(late, state.deployment_id, lease_id))
+            late.add_done_callback(lambda _: release_late_lease(late, state.deployment_id, lease_id))
         if runtime.faults.record(COMPONENT, exc, runtime.settings()):
             return None
         unavailable = runtime.faults.unavailable(COMPONENT)
@@ -128,7 +129,9 @@ async def _try_lease(
     return store_refusal(fresh, result.refusal is LeaseRefusal.TOKENS, ctx.tiers.is_top(profile.rank))
 
 
-def _release_late(late: asyncio.Future[LeaseResult], deployment_id: str, lease_id: str) -> None:
+def release_late_lease(late: asyncio.Future[LeaseResult], deployment_id: str, lease_id: str) -> None:
+    """A timed-out lease acquire answered after all: release the lease it took, in the background (the request
+    went on without it, per the fail mode)."""
     answered = not late.cancelled() and late.exception() is None
     late_replies().labels(COMPONENT, "answered" if answered else "lost").inc()
     if answered and late.result().acquired:

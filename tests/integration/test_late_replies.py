@@ -14,8 +14,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from litellm_ratebalance.errors import StoreError, StoreFault
+from litellm_ratebalance.proxy.backpressure_admit import release_late_lease
 from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
-from litellm_ratebalance.proxy.runtime import Runtime
+from litellm_ratebalance.proxy.runtime import Runtime, configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import KeySpace, RedisStore
 from litellm_ratebalance.store._scripts import ScriptRunner
@@ -146,3 +147,33 @@ async def test_a_timed_out_contract_count_leaves_no_estimate_in_flight(
     assert window.in_flight.get("s2s", 0) == 0
     assert window.tokens["s2s"] > 0
     await client.aclose()
+
+
+async def test_a_lease_taken_by_a_timed_out_acquire_is_released_when_it_answers(
+    slow_path: DelayProxy, direct: aioredis.Redis
+) -> None:
+    slow_client = aioredis.Redis.from_url(slow_path.url)
+    slow = RedisStore(slow_client, KeySpace(PREFIX), timeout_seconds=TIMEOUT_S, cooldown_seconds=0.0)
+    fast = RedisStore(direct, KeySpace(PREFIX))
+    reset_runtime()
+    configure(settings=parse_settings({"ratebalance": {"key_prefix": PREFIX}}), store=fast)
+    try:
+        await slow.ping()
+        slow_path.delay_s = DELAY_S
+        with pytest.raises(StoreError) as raised:
+            await slow.lease_acquire("gpu-1", "lease-late", slot_cap=4, ttl_ms=60_000, cost_tokens=100)
+        late = raised.value.late
+        assert late is not None
+        late.add_done_callback(lambda _: release_late_lease(late, "gpu-1", "lease-late"))
+        slow_path.delay_s = 0.0
+        result = await late
+        assert result.acquired  # Redis did take the slot ...
+        for _ in range(50):
+            if (await fast.concurrency_snapshot("gpu-1")).inflight == 0:
+                break
+            await asyncio.sleep(0.02)
+        snapshot = await fast.concurrency_snapshot("gpu-1")
+        assert (snapshot.inflight, snapshot.reserved_tokens) == (0, 0)  # ... and gave it back at once
+    finally:
+        reset_runtime()
+        await slow_client.aclose()
