@@ -150,6 +150,12 @@ async def burst(replicas: list[ProxyProcess], model: str, count: int, max_tokens
     return Outcome(len(served), tokens, other, after - before)
 
 
+def _row_order(item: tuple[tuple[str, int, str], list[Outcome]]) -> tuple[int, int, str]:
+    (name, hogs, workload), _ = item
+    size = int(workload.split()[1]) if workload.startswith("rpm") else 10**9  # rpm bursts by size, then tpm
+    return hogs, size, name
+
+
 def describe(values: list[float], fmt: str = "{:.0f}") -> str:
     if not values:
         return "-"
@@ -204,7 +210,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "| limiter | CPU hogs | burst | admitted (limit 30) / served tokens per tpm | store errors | other statuses |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
-    for (name, hogs, workload), outcomes in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+    for (name, hogs, workload), outcomes in sorted(results.items(), key=_row_order):
         if workload == "tpm":
             figure = describe([o.served_tokens / TPM for o in outcomes], "{:.2f}x")
             label = f"tpm {TPM}, {TPM_BURST} at once, max_tokens {MAX_TOKENS}"
