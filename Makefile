@@ -123,10 +123,11 @@ wheel-smoke: $(STAMP)
 	$(PY) .ci/wheel_smoke.py --constraints $(CONSTRAINTS) --litellm $(LITELLM_PIN)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check litellm_ratebalance tests bench setup.py .ci/wheel_smoke.py
-	$(VENV)/bin/ruff format --check litellm_ratebalance tests bench setup.py .ci/wheel_smoke.py
+	$(VENV)/bin/ruff check litellm_ratebalance tests bench setup.py .ci/wheel_smoke.py .ci/proxy_extra_requirements.py
+	$(VENV)/bin/ruff format --check litellm_ratebalance tests bench setup.py .ci/wheel_smoke.py \
+	  .ci/proxy_extra_requirements.py
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy .ci/wheel_smoke.py
+	$(VENV)/bin/mypy .ci/wheel_smoke.py .ci/proxy_extra_requirements.py
 
 # `make demo` runs on the embedded store; `make demo REPLICAS=2` adds a throwaway local redis-server and a
 # second proxy replica.
