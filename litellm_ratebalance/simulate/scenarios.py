@@ -19,6 +19,11 @@ The scenarios of the routing benchmark:
 - ``flaky``: a fast deployment with 429 bursts and a token budget that runs out (``x-ratelimit-*`` headers),
   one that answers 5xx fast a quarter of the time, one that stalls completely for the middle third of the
   run (and occasionally otherwise), and one slow but reliable.
+- ``mixed-slots``: four deployments whose speeds and parallel slots differ (3 to 32), answers and prompts of
+  very mixed sizes.
+- ``degrading``: one deployment slows down step by step over most of the run.
+- ``fluctuating``: four deployments whose rates swing (a sine wave of +-60 %, seeded periods and phases)
+  around close means, so which one is fastest changes several times a run.
 """
 
 from __future__ import annotations
@@ -313,6 +318,35 @@ def degrading(duration: float = 9.0, seed: int = 1) -> Scenario:
     )
 
 
+def fluctuating(duration: float = 9.0, seed: int = 1) -> Scenario:
+    rng = random.Random(f"fluctuating/{seed}")
+    means = {"a": 120.0, "b": 100.0, "c": 85.0, "d": 70.0}
+    behaviours = {}
+    for name, mean in means.items():
+        behaviours[name] = Behaviour(
+            token_rate=mean,
+            base_latency=0.10,
+            capacity=12,
+            jitter=0.2,
+            wave_amplitude=0.6,
+            # each deployment its own period (a third to two thirds of the run) and phase: the fastest one
+            # changes several times a run, at moments no deployment announces
+            wave_period=round(duration * rng.uniform(0.33, 0.67), 3),
+            wave_phase=round(rng.random(), 3),
+        )
+    return Scenario(
+        name="fluctuating",
+        description=(
+            "a/b/c/d 120/100/85/70 tok/s on average, each swinging +-60 % on a sine wave of its own period "
+            f"({', '.join(f'{b.wave_period:.1f}' for b in behaviours.values())} s, seeded phases); capacity 12 "
+            "each, 20% jitter; 10 req/s"
+        ),
+        deployments=_specs(seed, behaviours),
+        workload=Workload(arrival_rate=10.0, duration=duration),
+        seed=seed,
+    )
+
+
 SCENARIOS: dict[str, Callable[..., Scenario]] = {
     "stable-heterogeneous": stable_heterogeneous,
     "drift": drift,
@@ -320,6 +354,7 @@ SCENARIOS: dict[str, Callable[..., Scenario]] = {
     "flaky": flaky,
     "mixed-slots": mixed_slots,
     "degrading": degrading,
+    "fluctuating": fluctuating,
 }
 """Scenario builders by name; each takes ``duration`` and ``seed``."""
 

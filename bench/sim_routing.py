@@ -1,0 +1,385 @@
+"""Offline routing simulation: the benchmark's scenarios on a virtual clock, in seconds instead of minutes.
+
+The real benchmark (``bench_routing.py``) runs LiteLLM's Router against mock servers on loopback, 12 s of wall
+time per run, on a machine whose load moves its figures by several tokens/s. This one replays the same seeded
+request plans against a model of the same mock deployments (base latency, prefill, decode at the true rate
+times the same per-request jitter draw, processor sharing beyond ``capacity``, the same 5xx draws; no 429
+budgets, no stalls, no LiteLLM cooldowns: ``flaky`` is left to the real bench), with our balancer on a virtual
+clock (its store in memory on the same clock), least-busy (fewest requests in flight, ties drawn) and the
+oracle's rule. It is a tool for trying ideas on many seeds; every figure reported comes from the real bench.
+
+Usage::
+
+    python bench/sim_routing.py --scenarios drift mixed-slots --seeds 1-40
+    python bench/sim_routing.py --scenarios drift --seeds 1-8 --ours presume_slots=false
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import asyncio
+import json
+import math
+import random
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from litellm_ratebalance.routing import Candidate, RateBalancer, RoutingSettings
+from litellm_ratebalance.simulate.mock_openai import Behaviour
+from litellm_ratebalance.simulate.oracle import expected_effective_rate
+from litellm_ratebalance.simulate.scenarios import PlannedRequest, Scenario, build_scenario
+from litellm_ratebalance.store import MemoryStore
+
+RATIO = 250.0
+TRACE_EVERY = 1.0
+STEP = 0.005
+"""Seconds per simulation step."""
+OVERHEAD = 0.004
+"""Seconds between a request's arrival and the mock seeing it (routing and the client), and between its
+answer and our record of it (LiteLLM's logging)."""
+OURS_SETTINGS: dict[str, Any] = {
+    "window_seconds": 5,
+    "bucket_seconds": 1,
+    "refresh_interval": 0.25,
+    "failure_window_seconds": 2,
+    "stall_min_seconds": 1.0,
+    "rate_limit_header_max_age_seconds": 5.0,
+}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Active:
+    request: PlannedRequest
+    deployment: str
+    arrived: float
+    speed: float
+    base_left: float
+    prefill_left: float
+    """Full-speed seconds of prefill left."""
+    tokens_left: float
+    output: int
+    fail_at: float | None = None
+    first_token: float | None = None
+
+
+@dataclass
+class Result:
+    request: PlannedRequest
+    deployment: str
+    latency: float
+    ok: bool
+    rate: float
+    started: float
+
+
+@dataclass
+class SimDeployment:
+    name: str
+    base: Behaviour
+    timeline: Any
+    rng: random.Random
+    active: list[Active] = field(default_factory=list)
+
+    def behaviour(self, t: float) -> Behaviour:
+        from litellm_ratebalance.simulate.mock_openai import behaviour_at
+
+        return behaviour_at(self.base, self.timeline, t)
+
+
+def _output_tokens(request: PlannedRequest) -> int:
+    return request.output_tokens
+
+
+def simulate(scenario: Scenario, strategy: str, ours: dict[str, Any] | None = None, trace: bool = False) -> dict:
+    """Run one strategy on a scenario; its mean effective rate and per-request results."""
+    return asyncio.run(_simulate(scenario, strategy, ours or {}, trace))
+
+
+async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], trace: bool) -> dict:
+    clock = Clock()
+    epoch = clock.now
+    deployments = {
+        spec.name: SimDeployment(spec.name, spec.behaviour, spec.timeline, random.Random(f"{spec.seed}/{spec.name}"))
+        for spec in scenario.deployments
+    }
+    names = list(deployments)
+    group = "sim"
+    balancer: RateBalancer | None = None
+    slots = ours.pop("__slots", False) if ours else False
+    candidates = tuple(
+        Candidate(name, slots=float(spec.behaviour.capacity) if slots else None)
+        for name, spec in zip(names, scenario.deployments, strict=True)
+    )
+    if strategy == "ours":
+        settings = RoutingSettings(**{**OURS_SETTINGS, **ours})
+        balancer = RateBalancer(
+            MemoryStore(clock=clock), settings, clock=clock, rng=random.Random(f"ours/{scenario.name}/{scenario.seed}")
+        )
+    pick_rng = random.Random(f"{scenario.name}/{scenario.seed}/{strategy}")
+    plan = scenario.plan()
+    timeout = scenario.workload.timeout
+    pending = list(plan)
+    pending_records: list[tuple[float, Result, int]] = []
+    results: list[Result] = []
+    in_flight = dict.fromkeys(names, 0)
+    t = 0.0
+    end = scenario.workload.duration + timeout + 1.0
+    traces: list[str] = []
+    next_trace = 0.0
+    while t < end and (pending or any(d.active for d in deployments.values()) or pending_records):
+        clock.now = epoch + t
+        # records due
+        if pending_records:
+            due = [p for p in pending_records if p[0] <= t]
+            if due:
+                pending_records = [p for p in pending_records if p[0] > t]
+                for _, result, prompt_and_out in due:
+                    if balancer is not None:
+                        balancer.record(
+                            group,
+                            result.deployment,
+                            latency=result.latency,
+                            input_tokens=result.request.prompt_tokens if result.ok else 0,
+                            output_tokens=_output_tokens(result.request) if result.ok else 0,
+                            ok=result.ok,
+                            request_id=str(result.request.index),
+                        )
+        # arrivals
+        while pending and pending[0].at <= t:
+            request = pending.pop(0)
+            work = None
+            if request.max_tokens is not None:
+                work = request.max_tokens + request.prompt_tokens / RATIO
+            if strategy == "ours":
+                assert balancer is not None
+                index = balancer.choose(group, candidates, str(request.index), work=work)
+                name = names[index]
+            elif strategy == "least-busy":
+                low = min(in_flight.values())
+                name = pick_rng.choice([n for n in names if in_flight[n] == low])
+            elif strategy == "oracle":
+                best, score = names[0], -1.0
+                for n in names:
+                    b = deployments[n].behaviour(t)
+                    s = expected_effective_rate(
+                        b, t, in_flight[n], request.prompt_tokens, _output_tokens(request), RATIO
+                    )
+                    if s > score:
+                        best, score = n, s
+                name = best
+            elif strategy == "shuffle":
+                name = pick_rng.choice(names)
+            else:
+                raise ValueError(strategy)
+            d = deployments[name]
+            b = d.behaviour(t)
+            error_draw, _stall, speed_draw = d.rng.random(), d.rng.random(), d.rng.gauss(0.0, 1.0)
+            speed = math.exp(b.jitter * speed_draw) if b.jitter > 0 else 1.0
+            a = Active(
+                request,
+                name,
+                t,
+                speed,
+                b.base_latency + OVERHEAD,
+                request.prompt_tokens / b.prefill_rate,
+                float(_output_tokens(request)),
+                _output_tokens(request),
+            )
+            if error_draw < b.error_rate:
+                a.fail_at = t + b.error_latency + OVERHEAD
+            d.active.append(a)
+            in_flight[name] += 1
+        # serve
+        for d in deployments.values():
+            if not d.active:
+                continue
+            b = d.behaviour(t)
+            running = [a for a in d.active if a.fail_at is None]
+            share = min(1.0, b.capacity / max(1, len(running)))
+            rate = b.rate_at(t)
+            done: list[tuple[Active, bool]] = []
+            for a in d.active:
+                if a.fail_at is not None:
+                    if t >= a.fail_at:
+                        done.append((a, False))
+                    continue
+                if t - a.arrived >= timeout:
+                    done.append((a, False))
+                    continue
+                step = STEP
+                if a.base_left > 0:
+                    used = min(step, a.base_left)
+                    a.base_left -= used
+                    step -= used
+                if step > 0 and a.prefill_left > 0:
+                    used = min(step * share, a.prefill_left)
+                    a.prefill_left -= used
+                    step -= used / share
+                if step > 0 and a.tokens_left > 0:
+                    a.tokens_left -= step * share * rate * a.speed
+                    if a.tokens_left <= 1e-9:
+                        done.append((a, True))
+            for a, ok in done:
+                d.active.remove(a)
+                in_flight[d.name] -= 1
+                latency = t + STEP - a.arrived
+                eff = (a.output + a.request.prompt_tokens / RATIO) / latency if ok else 0.0
+                result = Result(a.request, d.name, latency, ok, eff, a.arrived)
+                results.append(result)
+                pending_records.append((t + STEP + OVERHEAD, result, 0))
+        if trace and balancer is not None and t >= next_trace:
+            next_trace += TRACE_EVERY
+            est = balancer.estimates(group, candidates)
+            first = next(iter(est.values()))
+            traces.append(
+                f"t={t:5.2f} sla {first.sla or 0:3.0f} "
+                + " | ".join(
+                    f"{n}: sh {est[n].share:.2f} p {est[n].probability or 0:.2f} n {est[n].samples:.1f} "
+                    f"m {est[n].mean_rate:.0f}+-{est[n].std_rate:.0f} ls {est[n].load_shift:+.0f} if "
+                    f"{in_flight[n]} sl {_slots(balancer, group, n)}"
+                    for n in names
+                )
+            )
+        t += STEP
+        await asyncio.sleep(0)
+    results.sort(key=lambda r: r.request.index)
+    mean = sum(r.rate for r in results) / len(results) if results else 0.0
+    return {"mean": mean, "results": results, "trace": traces}
+
+
+def bins_table(scenario: Scenario, runs: dict[str, dict], bins: int) -> list[str]:
+    """Per time bin (by arrival): mean effective rate of ours and the oracle, and each one's shares."""
+    names = [spec.name for spec in scenario.deployments]
+    width = scenario.workload.duration / bins
+    lines = [f"    bin         ours oracle  loss | shares {'/'.join(names)} %: ours | oracle | true rates"]
+    for i in range(bins):
+        cells = []
+        means = []
+        for strategy in ("ours", "oracle"):
+            inside = [r for r in runs[strategy]["results"] if i * width <= r.started < (i + 1) * width]
+            means.append(sum(r.rate for r in inside) / len(inside) if inside else math.nan)
+            cells.append(
+                "/".join(f"{100 * sum(r.deployment == n for r in inside) / len(inside):3.0f}" for n in names)
+                if inside
+                else "-"
+            )
+        mid = (i + 0.5) * width
+        rates = "/".join(f"{spec.behaviour_at(mid).rate_at(mid):.0f}" for spec in scenario.deployments)
+        lines.append(
+            f"    {i * width:4.1f}-{(i + 1) * width:4.1f}s {means[0]:6.1f} {means[1]:6.1f} {means[1] - means[0]:5.1f} "
+            f"| {cells[0]} | {cells[1]} | {rates}"
+        )
+    return lines
+
+
+def _slots(balancer: RateBalancer, group: str, name: str) -> str:
+    view = balancer._views.get(group)
+    fit = view.loads.get(name) if view is not None else None
+    if fit is None:
+        return "-"
+    slots = fit.slots()
+    return f"{slots:.1f}" if slots is not None else f"p{fit.presumed_slots():.0f}"
+
+
+def _seeds(text: Sequence[str]) -> list[int]:
+    out: list[int] = []
+    for part in text:
+        if "-" in part:
+            low, high = part.split("-")
+            out += list(range(int(low), int(high) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", nargs="+", default=["drift", "fluctuating", "mixed-slots"])
+    parser.add_argument("--seeds", nargs="+", default=["1-8"])
+    parser.add_argument("--duration", type=float, default=12.0)
+    parser.add_argument("--ours", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--slots", action="store_true", help="configure each deployment's true capacity")
+    parser.add_argument("--trace", type=float, default=0.0, metavar="SECONDS", help="trace ours every SECONDS")
+    parser.add_argument("--per-seed", action="store_true")
+    parser.add_argument("--bins", type=int, default=0, help="per seed: rates and shares per time bin")
+    parser.add_argument(
+        "--phases", default=None, help="comma-separated times: loss against the oracle per phase, over the seeds"
+    )
+    args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for item in args.ours:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    if args.slots:
+        overrides["__slots"] = True
+    seeds = _seeds(args.seeds)
+    global TRACE_EVERY
+    TRACE_EVERY = args.trace or 1.0
+    for name in args.scenarios:
+        rows = []
+        phase_rows: list[dict[tuple[float, float], float]] = []
+        for seed in seeds:
+            scenario = build_scenario(name, duration=args.duration, seed=seed)
+            r = {s: simulate(scenario, s, dict(overrides), trace=bool(args.trace) and s == "ours") for s in ("ours", "least-busy", "oracle")}
+            rows.append((seed, r["ours"]["mean"], r["least-busy"]["mean"], r["oracle"]["mean"]))
+            if args.phases:
+                cuts = [float(x) for x in args.phases.split(",")]
+                total = len(r["ours"]["results"])
+                lost = {}
+                for low, high in zip(cuts, cuts[1:]):
+                    sums = []
+                    for strategy in ("ours", "oracle"):
+                        sums.append(sum(x.rate for x in r[strategy]["results"] if low <= x.started < high))
+                    lost[(low, high)] = (sums[1] - sums[0]) / total
+                phase_rows.append(lost)
+            if args.per_seed:
+                print(
+                    f"  {name} seed {seed}: ours {r['ours']['mean']:.1f} lb {r['least-busy']['mean']:.1f} "
+                    f"oracle {r['oracle']['mean']:.1f}  ours/oracle {r['ours']['mean'] / r['oracle']['mean']:.3f} "
+                    f"ours/lb {r['ours']['mean'] / r['least-busy']['mean']:.3f}"
+                )
+            if args.bins:
+                print("\n".join(bins_table(scenario, r, args.bins)))
+            if args.trace:
+                print("\n".join("    " + line for line in r["ours"]["trace"]))
+        if args.phases:
+            cuts = [float(x) for x in args.phases.split(",")]
+            parts = []
+            for low, high in zip(cuts, cuts[1:]):
+                lost = sum(p[(low, high)] for p in phase_rows) / len(phase_rows)
+                parts.append(f"{low:g}-{high:g}s {lost:5.2f}")
+            print(f"    loss per request of the run, by phase: " + "  ".join(parts))
+        ours_avg = statistics.mean(r[1] for r in rows)
+        lb_avg = statistics.mean(r[2] for r in rows)
+        oracle_avg = statistics.mean(r[3] for r in rows)
+        print(
+            f"{name:12s} ours {ours_avg:6.1f}  least-busy {lb_avg:6.1f}  oracle {oracle_avg:6.1f}  "
+            f"ours/oracle {ours_avg / oracle_avg:.3f}  ours/lb {ours_avg / lb_avg:.3f}  "
+            f"min seed ours/lb {min(r[1] / r[2] for r in rows):.3f}  min ours/oracle "
+            f"{min(r[1] / r[3] for r in rows):.3f}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
