@@ -22,8 +22,8 @@ The scenarios of the routing benchmark:
 - ``mixed-slots``: four deployments whose speeds and parallel slots differ (3 to 32), answers and prompts of
   very mixed sizes.
 - ``degrading``: one deployment slows down step by step over most of the run.
-- ``fluctuating``: four deployments whose rates swing (a sine wave of +-60 %, seeded periods and phases)
-  around close means, so which one is fastest changes several times a run.
+- ``fluctuating``: four deployments whose rates swing (a sine wave of +-50 %, seeded periods of half to all
+  of the run, seeded phases) around close means, so which one is fastest changes a few times a run.
 """
 
 from __future__ import annotations
@@ -328,16 +328,16 @@ def fluctuating(duration: float = 9.0, seed: int = 1) -> Scenario:
             base_latency=0.10,
             capacity=12,
             jitter=0.2,
-            wave_amplitude=0.6,
-            # each deployment its own period (a third to two thirds of the run) and phase: the fastest one
-            # changes several times a run, at moments no deployment announces
-            wave_period=round(duration * rng.uniform(0.33, 0.67), 3),
+            wave_amplitude=0.5,
+            # each deployment its own period (half to all of the run: a minute or two of real time) and
+            # phase: the fastest one changes a few times a run, at moments no deployment announces
+            wave_period=round(duration * rng.uniform(0.5, 1.0), 3),
             wave_phase=round(rng.random(), 3),
         )
     return Scenario(
         name="fluctuating",
         description=(
-            "a/b/c/d 120/100/85/70 tok/s on average, each swinging +-60 % on a sine wave of its own period "
+            "a/b/c/d 120/100/85/70 tok/s on average, each swinging +-50 % on a sine wave of its own period "
             f"({', '.join(f'{b.wave_period:.1f}' for b in behaviours.values())} s, seeded phases); capacity 12 "
             "each, 20% jitter; 10 req/s"
         ),
