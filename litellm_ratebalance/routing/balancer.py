@@ -240,8 +240,7 @@ class RateBalancer:
             fit = view.loads.get(deployment_id)
             if fit is None:
                 fit = view.loads[deployment_id] = LoadFit()
-            base_latency = size_fit.base_latency() if size_fit is not None else None
-            fit.add(now, load, rate, self._load_half_life, work=work, latency=latency, base_latency=base_latency)
+            fit.add(now, load, work, latency, self._load_half_life)
         if not ok and self._least_loaded:
             self._waste(view, deployment_id, latency, now)
         if rate_limits is not None:

@@ -105,7 +105,7 @@ def load_correction(
     slots_left = 1.0 if slots is None else headroom_multiplier(max(slots - busy, 0.0) / slots, SLOTS_HEADROOM)
     if fit is None:
         return 0.0, None, slots_left
-    return fit.shift(busy + 1.0, window_mean), fit.spread(), slots_left
+    return fit.shift(busy + 1.0, window_mean), None, slots_left
 
 
 def busy_rows(
@@ -266,11 +266,6 @@ def surprising(
         if predicted is not None and size_spread is not None:
             predicted *= 1.0 if loads is None else loads.slowdown(load)
             return abs(math.log(latency / predicted)) > sigma * max(size_spread, MIN_LOG_SPREAD)
-    if loads is not None:
-        expected = loads.expected_rate(load)
-        spread = loads.spread()
-        if expected is not None and spread is not None:
-            return abs(rate - expected) > sigma * max(spread, 0.1 * expected)
     scale = change_scale(window)
     return scale is not None and abs(rate - scale[0]) > sigma * scale[1]
 
