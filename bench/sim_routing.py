@@ -3,10 +3,12 @@
 The real benchmark (``bench_routing.py``) runs LiteLLM's Router against mock servers on loopback, 12 s of wall
 time per run, on a machine whose load moves its figures by several tokens/s. This one replays the same seeded
 request plans against a model of the same mock deployments (base latency, prefill, decode at the true rate
-times the same per-request jitter draw, processor sharing beyond ``capacity``, the same 5xx draws; no 429
-budgets, no stalls, no LiteLLM cooldowns: ``flaky`` is left to the real bench), with our balancer on a virtual
-clock (its store in memory on the same clock), least-busy (fewest requests in flight, ties drawn) and the
-oracle's rule. It is a tool for trying ideas on many seeds; every figure reported comes from the real bench.
+times the same per-request jitter draw, processor sharing beyond ``capacity``, the same 5xx, stall and 429
+draws, token budgets with their ``x-ratelimit-*`` figures), with our balancer on a virtual clock (its store
+in memory on the same clock), least-busy (fewest requests in flight, ties drawn) and the oracle's rule. Ours
+and least-busy see LiteLLM's default cooldowns as the Router applies them (a 429 cools a deployment down for
+its ``retry-after``; more than half of at least 5 requests failed, for 5 s); the oracle ignores them, as in
+the real bench. It is a tool for trying ideas on many seeds; every figure reported comes from the real bench.
 
 Usage::
 
@@ -17,14 +19,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import os
 import asyncio
 import json
 import math
+import os
 import random
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+import itertools
+
 from litellm_ratebalance.routing import Candidate, RateBalancer, RoutingSettings
-from litellm_ratebalance.simulate.mock_openai import Behaviour
+from litellm_ratebalance.routing_records import RateLimitObservation
+from litellm_ratebalance.simulate.mock_openai import Behaviour, UsageWindow
 from litellm_ratebalance.simulate.oracle import expected_effective_rate
 from litellm_ratebalance.simulate.scenarios import PlannedRequest, Scenario, build_scenario
 from litellm_ratebalance.store import MemoryStore
@@ -76,6 +81,8 @@ class Active:
     output: int
     fail_at: float | None = None
     first_token: float | None = None
+    status: int = 200
+    retry_after: float = 0.0
 
 
 @dataclass
@@ -95,6 +102,10 @@ class SimDeployment:
     timeline: Any
     rng: random.Random
     active: list[Active] = field(default_factory=list)
+    usage: Any = None
+    cooldown_until: float = -1.0
+    successes: int = 0
+    failures: int = 0
 
     def behaviour(self, t: float) -> Behaviour:
         from litellm_ratebalance.simulate.mock_openai import behaviour_at
@@ -115,7 +126,9 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
     clock = Clock()
     epoch = clock.now
     deployments = {
-        spec.name: SimDeployment(spec.name, spec.behaviour, spec.timeline, random.Random(f"{spec.seed}/{spec.name}"))
+        spec.name: SimDeployment(
+            spec.name, spec.behaviour, spec.timeline, random.Random(f"{spec.seed}/{spec.name}"), usage=UsageWindow()
+        )
         for spec in scenario.deployments
     }
     names = list(deployments)
@@ -135,12 +148,13 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
     plan = scenario.plan()
     timeout = scenario.workload.timeout
     pending = list(plan)
-    pending_records: list[tuple[float, Result, int]] = []
+    pending_records: list[tuple[float, Result, RateLimitObservation | None]] = []
     results: list[Result] = []
     in_flight = dict.fromkeys(names, 0)
     t = 0.0
     end = scenario.workload.duration + timeout + 1.0
     traces: list[str] = []
+    slot_stats: dict[tuple[str, str], int] = {}
     next_trace = 0.0
     while t < end and (pending or any(d.active for d in deployments.values()) or pending_records):
         clock.now = epoch + t
@@ -149,7 +163,7 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
             due = [p for p in pending_records if p[0] <= t]
             if due:
                 pending_records = [p for p in pending_records if p[0] > t]
-                for _, result, prompt_and_out in due:
+                for _, result, limits in due:
                     if balancer is not None:
                         balancer.record(
                             group,
@@ -158,6 +172,7 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
                             input_tokens=result.request.prompt_tokens if result.ok else 0,
                             output_tokens=_output_tokens(result.request) if result.ok else 0,
                             ok=result.ok,
+                            rate_limits=limits,
                             request_id=str(result.request.index),
                         )
         # arrivals
@@ -166,19 +181,25 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
             work = None
             if request.max_tokens is not None:
                 work = request.max_tokens + request.prompt_tokens / RATIO
+            warm = [n for n in names if deployments[n].cooldown_until <= t] or list(names)
             if strategy == "ours":
                 assert balancer is not None
-                index = balancer.choose(group, candidates, str(request.index), work=work)
-                name = names[index]
+                subset = tuple(c for c in candidates if c.id in warm)
+                index = balancer.choose(group, subset, str(request.index), work=work)
+                name = subset[index].id
             elif strategy == "least-busy":
-                low = min(in_flight.values())
-                name = pick_rng.choice([n for n in names if in_flight[n] == low])
+                low = min(in_flight[n] for n in warm)
+                name = pick_rng.choice([n for n in warm if in_flight[n] == low])
             elif strategy == "oracle":
                 best, score = names[0], -1.0
                 for n in names:
                     b = deployments[n].behaviour(t)
+                    left = True
+                    if b.tpm is not None:
+                        _, used = deployments[n].usage.usage(t, b.limit_window)
+                        left = used + request.prompt_tokens + _output_tokens(request) <= b.tpm
                     s = expected_effective_rate(
-                        b, t, in_flight[n], request.prompt_tokens, _output_tokens(request), RATIO
+                        b, t, in_flight[n], request.prompt_tokens, _output_tokens(request), RATIO, left
                     )
                     if s > score:
                         best, score = n, s
@@ -201,8 +222,26 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
                 float(_output_tokens(request)),
                 _output_tokens(request),
             )
-            if error_draw < b.error_rate:
+            tokens = request.prompt_tokens + _output_tokens(request)
+            over = False
+            if b.tpm is not None:
+                _, used = d.usage.usage(t, b.limit_window)
+                over = used + tokens > b.tpm
+            if b.rate_limited or over:
                 a.fail_at = t + b.error_latency + OVERHEAD
+                a.status = 429
+                a.retry_after = float(
+                    max(
+                        1, math.ceil(b.retry_after if b.rate_limited else d.usage.seconds_until_free(t, b.limit_window))
+                    )
+                )
+            else:
+                d.usage.charge(t, tokens)
+                if error_draw < b.error_rate:
+                    a.fail_at = t + b.error_latency + OVERHEAD
+                    a.status = 500
+                elif _stall < b.stall_rate:
+                    a.base_left += b.stall_seconds
             d.active.append(a)
             in_flight[name] += 1
         # serve
@@ -210,7 +249,7 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
             if not d.active:
                 continue
             b = d.behaviour(t)
-            running = [a for a in d.active if a.fail_at is None]
+            running = [a for a in d.active if a.fail_at is None and a.base_left <= b.base_latency + OVERHEAD]
             share = min(1.0, b.capacity / max(1, len(running)))
             rate = b.rate_at(t)
             done: list[tuple[Active, bool]] = []
@@ -220,6 +259,7 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
                         done.append((a, False))
                     continue
                 if t - a.arrived >= timeout:
+                    a.status = 408
                     done.append((a, False))
                     continue
                 step = STEP
@@ -242,7 +282,27 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
                 eff = (a.output + a.request.prompt_tokens / RATIO) / latency if ok else 0.0
                 result = Result(a.request, d.name, latency, ok, eff, a.arrived)
                 results.append(result)
-                pending_records.append((t + STEP + OVERHEAD, result, 0))
+                limits = None
+                if ok and b.tpm is not None:
+                    _, used = d.usage.usage(t, b.limit_window)
+                    limits = RateLimitObservation(
+                        remaining_tokens=float(max(0, b.tpm - used)),
+                        limit_tokens=float(b.tpm),
+                        reset_seconds=d.usage.seconds_until_free(t, b.limit_window),
+                    )
+                pending_records.append((t + STEP + OVERHEAD, result, limits))
+                if strategy != "oracle":
+                    # LiteLLM's default cooldowns (Router): a 429 for its retry-after; more than half of at least
+                    # 5 requests this minute failed, for 5 s.
+                    if ok:
+                        d.successes += 1
+                    else:
+                        d.failures += 1
+                        total = d.successes + d.failures
+                        if a.status == 429:
+                            d.cooldown_until = max(d.cooldown_until, t + a.retry_after)
+                        elif total >= 5 and d.failures / total > 0.5:
+                            d.cooldown_until = max(d.cooldown_until, t + 5.0)
         if trace and balancer is not None and t >= next_trace:
             next_trace += TRACE_EVERY
             est = balancer.estimates(group, candidates)
@@ -256,11 +316,26 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
                     for n in names
                 )
             )
+        if balancer is not None and int(t / STEP) % 20 == 0:
+            view = balancer._views.get(group)
+            if view is not None:
+                for n in names:
+                    fit = view.loads.get(n)
+                    slots = fit.slots() if fit is not None else None
+                    cap = deployments[n].behaviour(t).capacity
+                    key = (
+                        "under"
+                        if slots is not None and slots < 0.6 * cap
+                        else "over"
+                        if cap < 8 and (slots is None or slots > 1.6 * cap)
+                        else "ok"
+                    )
+                    slot_stats[(n, key)] = slot_stats.get((n, key), 0) + 1
         t += STEP
         await asyncio.sleep(0)
     results.sort(key=lambda r: r.request.index)
     mean = sum(r.rate for r in results) / len(results) if results else 0.0
-    return {"mean": mean, "results": results, "trace": traces}
+    return {"mean": mean, "results": results, "trace": traces, "slots": slot_stats}
 
 
 def bins_table(scenario: Scenario, runs: dict[str, dict], bins: int) -> list[str]:
@@ -337,15 +412,21 @@ def main(argv: Sequence[str]) -> int:
     for name in args.scenarios:
         rows = []
         phase_rows: list[dict[tuple[float, float], float]] = []
+        slot_totals: dict[tuple[str, str], int] = {}
         for seed in seeds:
             scenario = build_scenario(name, duration=args.duration, seed=seed)
-            r = {s: simulate(scenario, s, dict(overrides), trace=bool(args.trace) and s == "ours") for s in ("ours", "least-busy", "oracle")}
+            r = {
+                s: simulate(scenario, s, dict(overrides), trace=bool(args.trace) and s == "ours")
+                for s in ("ours", "least-busy", "oracle")
+            }
             rows.append((seed, r["ours"]["mean"], r["least-busy"]["mean"], r["oracle"]["mean"]))
+            for k, v in r["ours"]["slots"].items():
+                slot_totals[k] = slot_totals.get(k, 0) + v
             if args.phases:
                 cuts = [float(x) for x in args.phases.split(",")]
                 total = len(r["ours"]["results"])
                 lost = {}
-                for low, high in zip(cuts, cuts[1:]):
+                for low, high in itertools.pairwise(cuts):
                     sums = []
                     for strategy in ("ours", "oracle"):
                         sums.append(sum(x.rate for x in r[strategy]["results"] if low <= x.started < high))
@@ -364,10 +445,20 @@ def main(argv: Sequence[str]) -> int:
         if args.phases:
             cuts = [float(x) for x in args.phases.split(",")]
             parts = []
-            for low, high in zip(cuts, cuts[1:]):
+            for low, high in itertools.pairwise(cuts):
                 lost = sum(p[(low, high)] for p in phase_rows) / len(phase_rows)
                 parts.append(f"{low:g}-{high:g}s {lost:5.2f}")
-            print(f"    loss per request of the run, by phase: " + "  ".join(parts))
+            print("    loss per request of the run, by phase: " + "  ".join(parts))
+        if slot_totals:
+            names_ = sorted({k[0] for k in slot_totals})
+            parts = []
+            for n in names_:
+                total = sum(v for k, v in slot_totals.items() if k[0] == n)
+                parts.append(
+                    f"{n}: under {100 * slot_totals.get((n, 'under'), 0) / total:.0f}% over "
+                    f"{100 * slot_totals.get((n, 'over'), 0) / total:.0f}%"
+                )
+            print("    slots belief (time share): " + "; ".join(parts))
         ours_avg = statistics.mean(r[1] for r in rows)
         lb_avg = statistics.mean(r[2] for r in rows)
         oracle_avg = statistics.mean(r[3] for r in rows)

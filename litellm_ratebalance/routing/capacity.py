@@ -24,7 +24,7 @@ from typing import Final
 
 __all__ = ["EVIDENCE", "GRID", "CapacityFit"]
 
-GRID: Final = tuple(2.0 ** (k / 2.0) for k in range(15))
+GRID: Final[tuple[float, ...]] = tuple(float(2.0 ** (k / 2.0)) for k in range(15))
 """Capacities tried, 1 to 128 slots, each ``sqrt(2)`` times the one before."""
 EVIDENCE: Final = 3.0
 """Log-likelihood ratio (Gaussian residuals, spread unknown) by which the best capacity must explain the
@@ -32,8 +32,13 @@ samples better than no saturation at all."""
 MIN_WEIGHT: Final = 4.0
 """Recency-weighted samples before the fit judges anything."""
 MIN_OVER: Final = 2.0
-"""Recency-weighted samples above the best capacity's load needed to call a deployment saturated: one slow
-answer at a load seen once is not evidence enough."""
+"""Recency-weighted samples above a capacity's load needed before it can be found: one slow answer at a load
+seen once is not evidence enough."""
+TIE: Final = 0.5
+"""Log-likelihood ratio below which two capacities explain the samples alike (the larger one is taken)."""
+NOISE_FLOOR: Final = 0.05
+"""Least relative spread of latencies around a line the likelihood ratio assumes: no deployment answers more
+regularly, and residuals near 0 would make any difference between two lines look decisive."""
 
 
 class CapacityFit:
@@ -45,10 +50,10 @@ class CapacityFit:
     """
 
     __slots__ = (
-        "_n",
-        "_prior",
-        "_over",
         "_index",
+        "_n",
+        "_over",
+        "_prior",
         "_speed",
         "_x",
         "_xx",
@@ -137,32 +142,35 @@ class CapacityFit:
         if self.weight < MIN_WEIGHT:
             return prior
         last = len(GRID)
+        n = self._n
         plain = self._rss(last)
-        best = -1
+        rss = [plain] * last
         best_rss = plain
         for k in range(last):
-            if self._over[k] < MIN_OVER:
-                continue  # (its line is the plain one, give or take a sample or two)
-            rss = self._rss(k)
-            # (every capacity below the lightest load seen fits alike, the slope taking the rest: the largest
-            # of those is the one the samples show)
-            if rss <= best_rss * (1.0 + 1e-9):
-                best, best_rss = k, min(rss, best_rss)
-        n = self._n
-        if prior is not None:
+            if self._over[k] >= MIN_OVER:  # (else its line is the plain one, give or take a sample or two)
+                rss[k] = self._rss(k)
+                best_rss = min(best_rss, rss[k])
+        # Of the capacities that explain the samples about as well as the best one (a few samples at two loads
+        # fit every capacity up to the lower one alike, the line's base taking the rest), the largest: the
+        # samples show no fewer slots than that.
+        best = -1
+        for k in range(last):
+            if self._over[k] >= MIN_OVER and self._likelihood_ratio(rss[k], best_rss, n) < TIE:
+                best = k
+        if prior is not None and self._likelihood_ratio(rss[prior], best_rss, n) < EVIDENCE:
             # The capacity believed before stands unless some other (or none) explains the samples better by
             # the margin.
-            held = self._rss(prior) if self._over[prior] >= MIN_OVER else plain
-            if self._likelihood_ratio(held, best_rss, n) < EVIDENCE:
-                return prior
-        if best < 0 or self._likelihood_ratio(plain, best_rss, n) < EVIDENCE:
+            return prior
+        if best < 0 or self._likelihood_ratio(plain, rss[best], n) < EVIDENCE:
             return None
         return best
 
     @staticmethod
     def _likelihood_ratio(worse: float, better: float, n: float) -> float:
-        """Profile log-likelihood ratio of two fits' Gaussian residuals, their spread unknown."""
-        return 0.5 * n * math.log(max(worse, 1e-300) / max(better, 1e-300))
+        """Profile log-likelihood ratio of two fits' Gaussian residuals, their spread unknown (at least
+        :data:`NOISE_FLOOR`)."""
+        floor = n * NOISE_FLOOR * NOISE_FLOOR
+        return 0.5 * n * math.log(max(worse, floor) / max(better, floor))
 
     def slots(self) -> float | None:
         """The capacity that explains the samples best, once they show the deployment saturated (else None)."""

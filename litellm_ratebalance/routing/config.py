@@ -135,15 +135,16 @@ class RoutingSettings(SettingsModel):
     default: in the routing benchmark's contended scenario it cost 1.5 tok/s (seeds 1-6), for reasons not
     pinned down."""
     load_aware: bool = True
-    """Fit each deployment's rate against its load (this replica's requests in flight) and correct the
-    estimate at the current load (:class:`~litellm_ratebalance.routing.estimator.LoadFit`): a deployment
-    with few slots is not piled onto. Only a clearly falling rate counts."""
-    presume_slots: bool = True
+    """Fit how each deployment's rate depends on its load (this replica's requests in flight,
+    :class:`~litellm_ratebalance.routing.fits.LoadFit`): once its answers show it saturated (judged per token,
+    so answers of mixed sizes neither hide nor fake it), learn its slots, correct its estimate at the current
+    load and shrink its share as this replica's requests in flight fill them."""
+    presume_slots: bool = False
     """With ``load_aware``: while a deployment's slots are neither configured (``model_info.slots``) nor learnt,
     presume it has a few (2), or twice the most requests it has been seen to serve at once at full speed,
-    and shrink its share as this replica's requests in flight fill them, as configured slots do (slow start:
-    the presumption doubles as each load is proven). A deployment with few slots is then not piled onto
-    while its load fit is still learning them. False: unknown slots count as unlimited."""
+    and shrink its share as this replica's requests in flight fill them (slow start). Off by default: it
+    holds back a deployment that just became the fastest, and the load fit finds few slots within a few
+    answers beyond them. False: unknown slots count as unlimited."""
     change_detection_sigma: Annotated[float, Field(ge=0.0, le=100.0)] = 3.0
     """A deployment whose new sample (or oldest request in flight, as a rate bound) is this many standard
     deviations (at least 10 % of the mean) away from its recency-weighted window has changed: its older

@@ -255,11 +255,11 @@ def surprising(
 ) -> bool:
     """Whether a finished request of ``work`` tokens that took ``latency`` seconds (``rate``) at ``load``
     requests in flight is more than ``sigma`` spreads outside what the deployment was expected to give.
-    Judged by the first that knows its spread: its size fit (``log(latency / predicted)``, the prediction for
-    a request of that size slowed by what the load fit says the load costs), its load fit (the rate at that
-    load), its recency-weighted ``window`` (:func:`change_scale`). So a short answer that is slow only for
-    being short, or a deployment slowed or sped up by its own load, has not changed. ``loads``: None when
-    load awareness is off."""
+    Judged by its size fit once that knows its spread (``log(latency / predicted)``, the prediction for a
+    request of that size slowed by what the load fit says the load costs), else by its recency-weighted
+    ``window`` (:func:`change_scale`), both moved to the sample's load by the load fit's speed factor. So a
+    short answer that is slow only for being short, or a deployment slowed or sped up by its own load, has
+    not changed. ``loads``: None when load awareness is off."""
     if sizes is not None and work > 0.0 and latency > 0.0:
         predicted = sizes.expected_latency(work)
         size_spread = sizes.spread()
@@ -267,7 +267,11 @@ def surprising(
             predicted *= 1.0 if loads is None else loads.slowdown(load)
             return abs(math.log(latency / predicted)) > sigma * max(size_spread, MIN_LOG_SPREAD)
     scale = change_scale(window)
-    return scale is not None and abs(rate - scale[0]) > sigma * scale[1]
+    if scale is None:
+        return False
+    # The window's mean and spread moved to this sample's load (by the speed factor of known slots).
+    factor = 1.0 if loads is None else loads.factor(load)
+    return abs(rate - scale[0] * factor) > sigma * scale[1] * factor
 
 
 def slowdown_evidence(

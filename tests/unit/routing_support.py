@@ -6,6 +6,7 @@ import random
 from typing import Any
 
 from litellm_ratebalance.routing import Candidate, RateBalancer, RoutingSettings
+from litellm_ratebalance.routing.fits import LoadFit
 from litellm_ratebalance.store import MemoryStore
 
 T0 = 1_000_000.0
@@ -55,3 +56,8 @@ def feed(balancer: RateBalancer, group: str, deployment: str, rates: list[float]
     """Record one successful sample per rate (output tokens = rate x latency, no input tokens)."""
     for rate in rates:
         balancer.record(group, deployment, latency=latency, output_tokens=round(rate * latency))
+
+
+def served(fit: LoadFit, now: float, load: float, rate: float, half_life: float = 0.0) -> None:
+    """Add to ``fit`` a 100-token answer at ``rate`` tokens/s that met ``load`` requests in flight."""
+    fit.add(now, load, 100.0, 100.0 / rate, half_life)

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from litellm_ratebalance.proxy.routing_calls import request_work
-from litellm_ratebalance.routing import Candidate, RateBalancer, routing_status
+from litellm_ratebalance.routing import Candidate, RateBalancer, evidence, routing_status
 from litellm_ratebalance.routing.estimator import recency_weight
 from litellm_ratebalance.routing.fits import LoadFit, SizeFit
 from litellm_ratebalance.routing_records import RateAggregate
 from litellm_ratebalance.store import MemoryStore
-from tests.unit.routing_support import T0, Clock, candidates, feed, make_balancer, settings
+from tests.unit.routing_support import T0, Clock, candidates, feed, make_balancer, served, settings
 
 G = "group"
 AB = candidates("a", "b")
@@ -141,41 +141,44 @@ async def test_a_deployment_with_only_overdue_requests_ends_the_bootstrap() -> N
     assert estimates["a"].share is not None and estimates["a"].share > 0.9
 
 
-def test_load_fit_peak_and_unloaded_rate() -> None:
+def test_load_fit_moves_a_window_mean_by_the_speed_factor_of_its_slots() -> None:
     fit = LoadFit()
-    assert fit.expected_rate(1.0) is None
+    assert fit.factor(5.0) == 1.0 and fit.shift(5.0, mean_rate=150.0) == 0.0  # nothing known: nothing moves
     # Two slots at 200 tok/s: alone or in pairs 200 each, at load 4 half of it.
     for t, (load, rate) in enumerate([(1, 200.0), (2, 200.0), (4, 100.0), (2, 195.0)] * 3):
-        fit.add(float(t), float(load), rate, half_life_seconds=0.0)
-    assert fit.expected_rate(1.0) == pytest.approx(198.33, rel=1e-3)  # the unloaded mean, not peak / 1
-    assert fit.expected_rate(5.0) == pytest.approx(80.0)  # peak 400 over 5 requests
-    assert fit.shift(5.0, mean_rate=150.0) == pytest.approx(-70.0)
-    assert fit.shift(1.0, mean_rate=150.0) == pytest.approx(48.33, rel=1e-3)
+        served(fit, float(t), float(load), rate)
+    assert fit.slots() == pytest.approx(2.0)
+    # The samples ran at full speed three times in four and at half speed once: a mean speed of 7/8.
+    assert fit.factor(1.0) == pytest.approx(8.0 / 7.0)
+    assert fit.factor(5.0) == pytest.approx(0.4 * 8.0 / 7.0)  # two slots shared by five
+    assert fit.shift(5.0, mean_rate=150.0) == pytest.approx(150.0 * (0.4 * 8.0 / 7.0 - 1.0))
+    assert fit.slowdown(5.0) == pytest.approx(2.5) and fit.slowdown(2.0) == 1.0
 
 
 def test_load_fit_forgets_a_busy_level_once_its_samples_have_faded() -> None:
     fit = LoadFit()
     for t in range(5):
-        fit.add(float(t), 1.0, 100.0, half_life_seconds=20.0)
+        served(fit, float(t), 1.0, 100.0, half_life=20.0)
     for t in range(5, 10):  # two slots: half the rate at four in flight
-        fit.add(float(t), 4.0, 50.0, half_life_seconds=20.0)
-    assert fit.slots() == pytest.approx(2.0, rel=0.01)
-    for t in range(120, 123):  # over five half-lives later, light load again: the busy samples weigh ~0.1
-        fit.add(float(t), 1.0, 100.0, half_life_seconds=20.0)
+        served(fit, float(t), 4.0, 50.0, half_life=20.0)
+    assert fit.slots() == pytest.approx(2.0)
+    for t in range(120, 140):  # six half-lives later, light load again: the busy samples weigh ~0.1
+        served(fit, float(t), 1.0, 100.0, half_life=20.0)
     assert fit.slots() is None
-    assert fit.expected_rate(4.0) is None  # that level has too little weight left to say anything
 
 
 async def test_load_aware_shares_move_away_from_a_busy_deployment_with_few_slots() -> None:
     balancer, clock = make_balancer(load_aware=True, stall_latency_factor=0.0)
     view = balancer._view(G)
-    # a: 2 slots at 200 tok/s (seen at loads 1..6); b: 120 tok/s at any load seen.
-    for load, rate in [(1, 200.0), (2, 200.0), (4, 100.0), (6, 66.0), (3, 133.0)]:
-        view.loads.setdefault("a", LoadFit()).add(clock.now, float(load), rate, 0.0)
-    for load in (1, 2, 4, 6, 3):
-        view.loads.setdefault("b", LoadFit()).add(clock.now, float(load), 120.0, 0.0)
     feed(balancer, G, "a", [200.0, 200.0, 100.0, 66.0, 133.0])
     feed(balancer, G, "b", [115.0, 125.0, 118.0, 122.0, 120.0])
+    # As if those samples had come at these loads: a has 2 slots at 200 tok/s, b gives 120 at any load seen.
+    view.loads["a"], view.loads["b"] = LoadFit(), LoadFit()
+    for load, rate in [(1, 200.0), (2, 200.0), (4, 100.0), (6, 66.0), (3, 133.0)]:
+        served(view.loads["a"], clock.now, float(load), rate)
+        served(view.loads["b"], clock.now, float(load), 120.0)
+    assert view.loads["a"].slots() == pytest.approx(2.0) and view.loads["b"].slots() is None
+    view.cache.clear()
     idle = balancer.weights(G, AB)["a"]
     for _ in range(5):
         balancer.choose(G, (Candidate("a"),))  # five requests in flight at a
@@ -193,7 +196,8 @@ async def test_shares_worked_out_once_per_load_equal_a_fresh_computation() -> No
     feed(balancer, G, "c", [60.0, 70.0, 65.0, 55.0, 62.0])
     fit = balancer._view(G).loads["a"] = LoadFit()
     for load, rate in [(1.0, 200.0), (2.0, 200.0), (1.0, 200.0), (4.0, 100.0), (6.0, 66.7)] * 3:
-        fit.add(clock.now, load, rate, 0.0)
+        served(fit, clock.now, load, rate)
+    assert fit.slots() == pytest.approx(2.0)
     seen = set()
     for pick in ["a", "b", "a", "c", "a", "b"]:
         balancer.choose(G, (Candidate(pick),))
@@ -203,7 +207,7 @@ async def test_shares_worked_out_once_per_load_equal_a_fresh_computation() -> No
         fresh = balancer.weights(G, abc)
         assert again == first and fresh == pytest.approx(first, abs=1e-12)
         seen.add(round(first["a"], 6))
-    assert len(seen) >= 3  # the loads did move the shares
+    assert len(seen) >= 2  # the loads did move the shares (to 0 once its two slots are taken)
 
 
 async def test_a_surprising_sample_drops_old_samples_and_probes_the_others() -> None:
@@ -389,35 +393,30 @@ async def test_routing_status_reads_the_store_alone() -> None:
 
 def test_load_fit_learns_slots_only_once_saturated() -> None:
     fit = LoadFit()
-    for t, load in enumerate([1.0, 2.0, 1.0, 3.0, 2.5, 3.5]):  # 12 slots, never busy enough to slow down
-        fit.add(float(t), load, 150.0, half_life_seconds=0.0)
+    for t, load in enumerate([1.0, 2.0, 1.0, 2.0, 1.5, 2.0]):  # never busier than its two slots
+        served(fit, float(t), load, 150.0)
     assert fit.slots() is None
     for t, load in enumerate([6.0, 6.0, 7.0], start=10):  # 2 slots at 150 tok/s shared by 6 or 7 requests
-        fit.add(float(t), load, 300.0 / load, half_life_seconds=0.0)
-    slots = fit.slots()
-    # The highest level throughput (loads 2-4: mean load 3 x 150 tok/s) over the light-load rate.
-    assert slots is not None and slots == pytest.approx(450.0 / 150.0)
+        served(fit, float(t), load, 300.0 / load)
+    assert fit.slots() == pytest.approx(2.0)
 
 
-def test_load_fit_needs_samples_enough_at_a_level_to_call_it_saturated() -> None:
-    # Many slots; the one answer at 4 in flight was short, so its rate was low (the fixed part of the latency
-    # weighs more on few tokens): a level of one sample does not show saturation, three alike would.
+def test_load_fit_judges_saturation_per_token_not_by_mean_rates() -> None:
+    # Many slots, answers of very mixed size: 0.2 s fixed + 150 tok/s. The short ones happened to meet more
+    # requests (loads 4-6), the long ones fewer (1-2): by mean rates the busy loads look three times slower,
+    # per token they are not.
     fit = LoadFit()
-    for t, load in enumerate([1.0, 2.0, 1.5]):
-        fit.add(float(t), load, 150.0, half_life_seconds=0.0)
-    fit.add(3.0, 4.0, 60.0, half_life_seconds=0.0)
+    for t in range(12):
+        work, load = (20.0, 4.0 + t % 3) if t % 2 else (300.0, 1.0 + t % 2)
+        fit.add(float(t), load, work, 0.2 + work / 150.0, 0.0)
     assert fit.slots() is None
-    for moment in (4.0, 5.0):
-        fit.add(moment, 4.0, 60.0, half_life_seconds=0.0)
-    assert fit.slots() == pytest.approx(4.0 * 60.0 / 150.0)
-
-
-def test_load_fit_spread_is_the_distance_from_the_prediction() -> None:
+    # Three slots, answers as mixed, long and short ones at light and at heavy loads: per token, the busy
+    # ones took twice as long.
     fit = LoadFit()
-    for t in range(9):
-        fit.add(float(t), 1.0, 140.0 if t % 2 else 160.0, half_life_seconds=0.0)
-    spread = fit.spread()
-    assert spread is not None and 8.0 < spread < 12.0
+    for t in range(16):
+        work, load = (300.0 if t % 4 < 2 else 20.0), (6.0 if t % 2 else 1.0 + t % 3)
+        fit.add(float(t), load, work, 0.2 + work / 150.0 * max(1.0, load / 3.0), 0.0)
+    assert fit.slots() == pytest.approx(2.0**1.5)  # the grid's capacity nearest 3
 
 
 async def test_shares_shrink_as_learnt_slots_fill_up() -> None:
@@ -426,8 +425,8 @@ async def test_shares_shrink_as_learnt_slots_fill_up() -> None:
     feed(balancer, G, "b", [90.0, 110.0, 95.0, 105.0, 100.0])
     fit = balancer._view(G).loads["a"] = LoadFit()  # as if a's samples had come at these loads
     for load, rate in [(1.0, 200.0), (2.0, 200.0), (1.0, 200.0), (4.0, 100.0), (6.0, 66.7)] * 3:
-        fit.add(clock.now, load, rate, 0.0)
-    assert fit.slots() == pytest.approx(2.0, rel=0.01)
+        served(fit, clock.now, load, rate)
+    assert fit.slots() == pytest.approx(2.0)
     balancer.choose(G, (Candidate("a"),))
     one_busy = balancer.weights(G, AB)["a"]
     balancer.choose(G, (Candidate("a"),))
@@ -500,78 +499,37 @@ async def test_several_late_requests_together_reveal_a_slowdown_that_one_does_no
 
 
 def test_load_fit_of_a_deployment_never_seen_idle_still_learns_its_slots() -> None:
-    # Two slots at ~230 tok/s, but every sample met at least two other requests (loads 3..6): the lightest
-    # load level seen (above 2, up to 4) stands for the light-load rate, so the fit is not blank.
+    # Two slots at ~230 tok/s, but every sample met at least two other requests (loads 3..6): every capacity
+    # up to the lightest load seen fits alike, and the largest of them is taken.
     fit = LoadFit()
-    for t, (load, rate) in enumerate([(3.0, 133.0), (4.0, 100.0), (6.0, 66.7), (3.5, 114.0)] * 3):
-        fit.add(float(t), load, rate, half_life_seconds=0.0)
-    light = (133.0 + 100.0 + 114.0) / 3
+    for t, (load, rate) in enumerate([(3.0, 153.0), (4.0, 115.0), (6.0, 76.7), (3.5, 131.0)] * 3):
+        served(fit, float(t), load, rate)
     slots = fit.slots()
-    # The light level's own throughput (mean load 3.5 x its mean rate) is the highest: 3.5 slots, below the
-    # busiest load seen (6) by more than the saturation test asks.
-    assert slots is not None and slots == pytest.approx(3.5, rel=1e-3)
-    assert fit.expected_rate(3.0) == pytest.approx(light, rel=1e-3)
-    assert fit.expected_rate(8.0) == pytest.approx(light * 3.5 / 8.0, rel=1e-3)  # 3.5 slots shared by 8
+    assert slots is not None and 2.0 <= slots <= 2.0**1.5
+    assert fit.factor(8.0) < fit.factor(4.0) < fit.factor(3.0)
 
 
-def test_load_fit_without_saturation_says_nothing_above_the_levels_it_has_seen() -> None:
+def test_load_fit_without_saturation_moves_nothing() -> None:
     fit = LoadFit()
-    for t, load in enumerate([3.0, 4.0, 3.0, 6.0]):  # many slots: the same rate at every load
-        fit.add(float(t), load, 150.0, half_life_seconds=0.0)
+    for t, load in enumerate([3.0, 4.0, 3.0, 6.0, 1.0, 2.0]):  # many slots: the same rate at every load
+        served(fit, float(t), load, 150.0)
     assert fit.slots() is None
-    assert fit.expected_rate(3.5) == pytest.approx(150.0)
-    assert fit.expected_rate(6.0) == pytest.approx(150.0)  # seen at loads 4-8: what it gave there
-    assert fit.expected_rate(12.0) is None  # busier than any level seen, never seen slowed by it
+    for load in (1.0, 3.5, 6.0, 12.0):  # the window mean stands at any load, seen or not
+        assert fit.factor(load) == 1.0 and fit.shift(load, mean_rate=140.0) == 0.0 and fit.slowdown(load) == 1.0
 
 
-def test_load_fit_before_saturation_shows_predicts_the_rate_seen_at_that_load() -> None:
-    # First measured at 3-4 requests in flight; the samples at 4.5-5 in flight were a little slower, too
-    # little for the throughput test (4.75 x 92.5 over the light-load rate is 4.05 slots, above 0.8 x 4.75).
+@pytest.mark.parametrize(("rate", "changed"), [(200.0, False), (600.0, True)])
+def test_a_rate_its_load_explains_is_not_a_change(rate: float, changed: bool) -> None:
+    # a: two slots at 200 tok/s, seen alone and at six in flight (67 tok/s each): its window mixes both. An
+    # answer at 200 tok/s at load 1 is what its slots predict there, though far above the window's mean;
+    # one at 600 is a change all the same.
     fit = LoadFit()
-    for t, (load, rate) in enumerate([(3.0, 110.0), (4.0, 115.0), (3.5, 100.0), (4.5, 95.0), (5.0, 90.0)]):
-        fit.add(float(t), load, rate, half_life_seconds=0.0)
-    light = (110.0 + 115.0 + 100.0) / 3
-    assert fit.slots() is None
-    assert fit.expected_rate(4.0) == pytest.approx(light)  # the light-load level (up to 4)
-    assert fit.expected_rate(4.5) == pytest.approx(92.5)  # the mean at loads 4-8, not the light-load rate
-    assert fit.shift(4.5, mean_rate=90.0) == pytest.approx(2.5)
-    assert fit.expected_rate(9.0) is None  # no level that busy seen
-    for t, load in enumerate([4.5, 5.0], start=5):  # very fast answers at that level: at most the light rate
-        fit.add(float(t), load, 200.0, half_life_seconds=0.0)
-    assert fit.slots() is None
-    assert fit.expected_rate(5.0) == pytest.approx(light)
-
-
-def test_load_fit_sees_saturation_in_level_means_not_in_one_outlier() -> None:
-    # Two slots at 160 tok/s: at ~6 in flight each request gets about a third. One answer that met eleven
-    # others which all left at once was fast (load 6 by the mean of met and left, 140 tok/s): the best single
-    # sample (6 x 140 = 840 tok/s, 5.25 "slots", not below 0.8 x 6.5) would hide the saturation; the level's
-    # means (6.17 in flight x 81 tok/s) do not.
-    fit = LoadFit()
-    samples = [(1.0, 160.0), (2.0, 158.0), (1.5, 162.0), (6.0, 53.0), (6.5, 50.0), (6.0, 140.0)]
-    for t, (load, rate) in enumerate(samples):
-        fit.add(float(t), load, rate, half_life_seconds=0.0)
-    throughput = (18.5 / 3) * (243.0 / 3)
-    slots = fit.slots()
-    assert slots is not None and slots == pytest.approx(throughput / 160.0, rel=1e-3)
-    assert fit.expected_rate(8.0) == pytest.approx(throughput / 8.0, rel=1e-3)
-
-
-@pytest.mark.parametrize(("rate", "changed"), [(200.0, False), (40.0, True)])
-async def test_a_rate_its_load_explains_is_not_a_change(rate: float, changed: bool) -> None:
-    # a: two slots at 200 tok/s. Its recent samples all came at load 6 (~67 tok/s), so against its window
-    # alone an answer at 200 tok/s from an idle moment would look like a change; its load fit expects 200
-    # at load 1. An answer at 40 tok/s at load 1 is a change all the same.
-    balancer, clock = make_balancer(load_aware=True, change_detection_sigma=3.0, stall_latency_factor=0.0)
-    feed(balancer, G, "a", [66.0, 68.0, 67.0, 66.5, 67.5, 66.0], latency=1.0)
-    assert balancer._views[G].changed == {}
-    fit = balancer._view(G).loads["a"] = LoadFit()  # as if those samples had come at load 6
-    for load, sample in [(1.0, 200.0), (2.0, 195.0), (1.0, 205.0), (4.0, 100.0), (6.0, 66.7), (1.0, 198.0)] * 3:
-        fit.add(clock.now, load, sample, 0.0)
-    assert fit.spread() is not None
-    balancer.choose(G, (Candidate("a"),))  # alone at a: load 1
-    balancer.record(G, "a", latency=1.0, output_tokens=round(rate))
-    assert ("a" in balancer._views[G].changed) is changed
+    window = RateAggregate()
+    for t, (load, sample) in enumerate([(1.0, 200.0), (6.0, 66.7), (1.0, 198.0), (6.0, 67.5), (6.0, 65.8)] * 3):
+        served(fit, float(t), load, sample)
+        window.add(sample, latency=100.0 / sample)
+    assert fit.slots() == pytest.approx(2.0)
+    assert evidence.surprising(3.0, rate, 1.0, 100.0, 100.0 / rate, None, fit, window) is changed
 
 
 def stuck_requests(count: int, wait: float) -> tuple[RateBalancer, float]:
@@ -733,9 +691,9 @@ async def test_a_short_request_in_flight_is_overdue_for_its_size(work: float | N
 
 @pytest.mark.parametrize(("load_aware", "changed"), [(True, False), (False, True)])
 async def test_a_latency_its_load_explains_is_not_a_change_for_its_size(load_aware: bool, changed: bool) -> None:
-    # a: 0.1 s + 200 tok/s at light load, two slots (peak 400 tok/s). Six requests sent together share it for
-    # the whole life of the first (a load of 6, where each gets 400 / 6 = 67 tok/s instead of about 200): a
-    # 100-token answer then takes 3 times the 0.6 s of light load.
+    # a: 0.1 s + 200 tok/s at light load, two slots. Six requests sent together share it for the whole life
+    # of the first (a load of 6, where the sized part takes 3 times as long): a 100-token answer then takes
+    # about 3 times the 0.6 s of light load.
     balancer, clock = make_balancer(
         load_aware=load_aware, in_flight_evidence=True, change_detection_sigma=3.0, stall_latency_factor=0.0
     )
@@ -743,11 +701,9 @@ async def test_a_latency_its_load_explains_is_not_a_change_for_its_size(load_awa
     sizes = view.sizes["a"] = SizeFit()
     for t, work in enumerate([20.0, 200.0, 60.0, 140.0, 100.0, 180.0, 40.0, 120.0]):
         sizes.add(T0 + t, work, 0.1 + work / 200.0, 0.0)
-    loads = view.loads["a"] = LoadFit()
-    for load, sample in [(1.0, 200.0), (2.0, 195.0), (1.0, 205.0), (4.0, 100.0), (6.0, 66.7), (1.0, 198.0)] * 3:
-        loads.add(T0, load, sample, 0.0)
+    loads = view.loads["a"] = two_slot_load_fit()
     slowdown = loads.slowdown(6.0)
-    assert slowdown == pytest.approx(199.5 / (400.2 / 6.0))  # light-load rate (the mean at loads <= 2) / 67
+    assert slowdown == pytest.approx(3.0)
     for _ in range(6):
         balancer.choose(G, (Candidate("a"),), work=100.0)
     clock.advance(0.6 * slowdown)
@@ -756,10 +712,10 @@ async def test_a_latency_its_load_explains_is_not_a_change_for_its_size(load_awa
 
 
 def two_slot_load_fit(fit: LoadFit | None = None) -> LoadFit:
-    """About 200 tok/s at light load (199.5, the mean at loads <= 2) and two slots: peak 400.2 tok/s."""
+    """About 200 tok/s at light load and two slots."""
     fit = fit or LoadFit()
     for load, sample in [(1.0, 200.0), (2.0, 195.0), (1.0, 205.0), (4.0, 100.0), (6.0, 66.7), (1.0, 198.0)] * 3:
-        fit.add(T0, load, sample, 0.0)
+        served(fit, T0, load, sample)
     return fit
 
 
@@ -788,20 +744,19 @@ def test_load_fit_carries_slots_over_until_its_regime_shows_its_own() -> None:
     fit = LoadFit(carried_slots=2.0)
     assert fit.slots() == 2.0  # from the first decision after the change on
     for t in range(3):
-        fit.add(float(t), 1.0, 100.0, half_life_seconds=0.0)
-    assert fit.expected_rate(1.0) == pytest.approx(100.0)
-    assert fit.expected_rate(4.0) == pytest.approx(50.0)  # two slots shared by four
-    for t, load in enumerate([3.0, 3.5, 3.0], start=3):  # busier than two slots, and no slower for it
-        fit.add(float(t), load, 100.0, half_life_seconds=0.0)
-    assert fit.slots() is None
-    assert fit.expected_rate(3.0) == pytest.approx(100.0)
+        served(fit, float(t), 1.0, 100.0)
+    assert fit.slots() == 2.0 and fit.factor(4.0) == pytest.approx(0.5)  # two slots shared by four
+    for t, load in enumerate([3.0, 3.5, 3.0, 3.5, 3.0, 3.5], start=3):  # busier than two, no slower for it
+        served(fit, float(t), load, 100.0)
+    assert fit.slots() is None and fit.factor(3.0) == 1.0
 
 
 def test_load_fit_carried_slots_give_way_to_the_ones_learnt_after_the_change() -> None:
     fit = LoadFit(carried_slots=2.0)
-    for t, (load, rate) in enumerate([(1.0, 100.0), (1.5, 100.0), (1.0, 100.0), (6.0, 50.0), (6.0, 50.0), (6.0, 50.0)]):
-        fit.add(float(t), load, rate, half_life_seconds=0.0)
-    assert fit.slots() == pytest.approx(3.0)  # 6 in flight at half the light-load rate
+    samples = [(1.0, 100.0), (3.0, 100.0), (1.5, 100.0), (6.0, 50.0), (3.0, 100.0), (6.0, 50.0)]
+    for t, (load, rate) in enumerate(samples * 2):
+        served(fit, float(t), load, rate)
+    assert fit.slots() == pytest.approx(2.0**1.5)  # three at full speed, six at half: the grid's nearest to 3
 
 
 async def test_a_detected_change_keeps_the_slots_its_load_fit_had_learnt() -> None:
@@ -828,43 +783,12 @@ def two_slot_samples(base: float) -> list[tuple[float, float, float]]:
 
 
 @pytest.mark.parametrize("base", [0.0, 0.3])
-def test_load_fit_learns_slots_from_the_part_of_the_latency_the_load_stretches(base: float) -> None:
-    told = LoadFit()  # given the fixed part (the size fit's base)
-    untold = LoadFit()  # its samples' sizes, no base: the fixed part counts as stretched
-    rates_only = LoadFit()  # no sizes: the samples' effective rates
+def test_load_fit_learns_slots_whatever_the_fixed_part_of_the_latency(base: float) -> None:
+    # The fixed part is the line's intercept, fitted beside the per-token part the load stretches.
+    fit = LoadFit()
     for load, work, latency in two_slot_samples(base):
-        told.add(T0, load, work / latency, 0.0, work=work, latency=latency, base_latency=base)
-        untold.add(T0, load, work / latency, 0.0, work=work, latency=latency)
-        rates_only.add(T0, load, work / latency, 0.0)
-    assert told.slots() == pytest.approx(2.0, rel=0.02)
-    if base == 0.0:
-        assert untold.slots() == pytest.approx(2.0, rel=0.02)
-    else:
-        # The fixed part flattens the fall with load: 0.3 s on top of 0.5 s reads as 2.5 slots or more.
-        untold_slots, rates_slots = untold.slots(), rates_only.slots()
-        assert untold_slots is not None and untold_slots > 2.5
-        assert rates_slots is not None and rates_slots > 2.5
-
-
-def test_load_fit_does_not_call_a_deployment_saturated_on_its_stretched_part_alone() -> None:
-    # 0.5 s fixed, 0.5 s sized at light load; at 6 in flight the sized part takes 1.4 times as long. The whole
-    # latency grows by a sixth (rate 0.83 of light load: 5 "slots" at a load of 6, not saturated by the
-    # 80 % rule), the sized part by 40 % (4.3): noise magnified by taking the base out is not saturation.
-    fit = LoadFit()
-    for load, stretch in [(1.0, 1.0), (1.5, 1.0), (6.0, 1.4)] * 3:
-        latency = 0.5 + 0.5 * stretch
-        fit.add(T0, load, 100.0 / latency, 0.0, work=100.0, latency=latency, base_latency=0.5)
-    assert fit.slots() is None
-
-
-def test_load_fit_with_a_base_at_most_its_latencies_still_learns_no_more_slots_than_the_samples_show() -> None:
-    # A base estimate at or above the latencies (early, from few samples) leaves a tenth of each level's
-    # latency as its stretched part: no division by zero, and the slots still come from the level pools.
-    fit = LoadFit()
-    for load, work, latency in two_slot_samples(0.0):
-        fit.add(T0, load, work / latency, 0.0, work=work, latency=latency, base_latency=5.0)
-    slots = fit.slots()
-    assert slots is not None and math.isfinite(slots) and 1.0 <= slots <= 6.0
+        fit.add(T0, load, work, latency, 0.0)
+    assert fit.slots() == pytest.approx(2.0)
 
 
 async def test_the_load_of_a_sample_is_the_mean_in_flight_over_its_life() -> None:

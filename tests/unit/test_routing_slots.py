@@ -1,6 +1,6 @@
-"""Presumed slots (slow start), with explicit times: a deployment whose slots are neither configured nor
-learnt is presumed to have a few, then twice the most requests it has been seen to serve at once at full
-speed; its share shrinks as this replica's requests in flight fill them."""
+"""Presumed slots (slow start, ``presume_slots``, off by default), with explicit times: a deployment whose
+slots are neither configured nor learnt is presumed to have a few, then twice the most requests it has been
+seen to serve at once at full speed; its share shrinks as this replica's requests in flight fill them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from litellm_ratebalance.routing import Candidate, RoutingSettings, changes, evidence
 from litellm_ratebalance.routing.fits import PRESUMED_SLOTS, SLOTS_GROWTH, LoadFit
-from tests.unit.routing_support import Clock, feed, make_balancer
+from tests.unit.routing_support import Clock, feed, make_balancer, served
 
 G = "group"
 
@@ -17,37 +17,37 @@ def test_a_fit_without_samples_presumes_a_few_slots() -> None:
     assert LoadFit().presumed_slots() == PRESUMED_SLOTS
     fit = LoadFit()
     for t in range(2):  # too few samples to say anything
-        fit.add(float(t), 6.0, 100.0, 0.0)
+        served(fit, float(t), 6.0, 100.0, 0.0)
     assert fit.slots() is None and fit.presumed_slots() == PRESUMED_SLOTS
 
 
 def test_presumed_slots_grow_with_the_load_served_at_full_speed() -> None:
     fit = LoadFit()
     for t in range(3):  # alone, at full speed
-        fit.add(float(t), 1.0, 100.0, 0.0)
+        served(fit, float(t), 1.0, 100.0, 0.0)
     assert fit.slots() is None and fit.presumed_slots() == PRESUMED_SLOTS  # 2 x 1 is below the floor
     for t in range(3, 6):  # three at once, no slower
-        fit.add(float(t), 3.0, 100.0, 0.0)
+        served(fit, float(t), 3.0, 100.0, 0.0)
     assert fit.slots() is None and fit.presumed_slots() == pytest.approx(SLOTS_GROWTH * 3.0)
     for t in range(6, 9):  # six at once, no slower: proven again, the presumption doubles again
-        fit.add(float(t), 6.0, 98.0, 0.0)
+        served(fit, float(t), 6.0, 98.0, 0.0)
     assert fit.slots() is None and fit.presumed_slots() == pytest.approx(SLOTS_GROWTH * 6.0)
 
 
 def test_a_load_level_with_too_little_weight_proves_nothing() -> None:
     fit = LoadFit()
     for t in range(4):
-        fit.add(float(t), 1.0, 100.0, 0.0)
-    fit.add(4.0, 7.0, 100.0, 0.0)  # one answer at seven in flight: not enough to rely on
+        served(fit, float(t), 1.0, 100.0, 0.0)
+    served(fit, 4.0, 7.0, 100.0, 0.0)  # one answer at seven in flight: not enough to rely on
     assert fit.presumed_slots() == PRESUMED_SLOTS
 
 
 def test_presumed_slots_fade_with_the_samples_that_proved_them() -> None:
     fit = LoadFit()
     for t in range(4):
-        fit.add(float(t), 4.0, 100.0, 5.0)
+        served(fit, float(t), 4.0, 100.0, 5.0)
     assert fit.presumed_slots() == pytest.approx(8.0)
-    fit.add(30.0, 1.0, 100.0, 5.0)  # six half-lives later the busy level has faded below its weight
+    served(fit, 30.0, 1.0, 100.0, 5.0)  # six half-lives later the busy level has faded below its weight
     assert fit.presumed_slots() == PRESUMED_SLOTS
 
 
@@ -63,7 +63,7 @@ def test_presumed_slots_shrink_the_share_as_they_fill() -> None:
     for t, load, rate in [(0, 1.0, 200.0), (1, 1.0, 200.0), (2, 1.0, 200.0), (3, 8.0, 25.0)] + [
         (4 + i, 8.0, 25.0) for i in range(3)
     ]:
-        learnt.add(float(t), load, rate, 0.0)
+        served(learnt, float(t), load, rate, 0.0)
     assert learnt.slots() == pytest.approx(1.0, rel=0.01)
     assert evidence.load_correction(learnt, 1.0, 100.0, presume=True)[2] == 0.0
 
@@ -73,7 +73,7 @@ def test_a_change_of_rate_keeps_the_load_proven_before() -> None:
     view = balancer._view(G)
     fit = view.loads["a"] = LoadFit()
     for t in range(4):
-        fit.add(clock.now + t, 5.0, 100.0, 0.0)
+        served(fit, clock.now + t, 5.0, 100.0, 0.0)
     assert fit.presumed_slots() == pytest.approx(10.0)
     assert changes.changed(view, balancer.settings, "a", clock.now + 5.0, clock.now + 4.0)
     assert view.loads["a"].slots() is None and view.loads["a"].presumed_slots() == pytest.approx(10.0)
@@ -105,6 +105,10 @@ async def test_a_faster_deployment_of_unknown_slots_is_not_piled_onto(presume: b
 def test_the_proposal_preset_presumes_nothing() -> None:
     # (its load awareness is off, and the presumption acts only with it)
     assert not RoutingSettings(preset="proposal").load_aware
+
+
+def test_slots_are_not_presumed_by_default() -> None:
+    assert RoutingSettings().load_aware and not RoutingSettings().presume_slots
 
 
 async def test_recorded_answers_at_full_speed_raise_the_presumption() -> None:
