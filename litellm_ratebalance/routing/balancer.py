@@ -218,14 +218,20 @@ class RateBalancer:
             aggregate.merge(sample)
         self._note_outcome(view, deployment_id, ok, now)
         loads = view.loads.get(deployment_id) if s.load_aware else None
+        if ok and loads is None and s.load_aware and rate > 0.0:
+            loads = view.loads[deployment_id] = LoadFit()
+        if ok and loads is not None and rate > 0.0:
+            # Into the load fit first: an answer slowed by a load beyond the slots it reveals is no change.
+            loads.add(now, load, work, latency, self._load_half_life)
         if ok and s.change_detection_sigma > 0:
             window = view.derived.window_full.get(deployment_id)
             surprise = evidence.surprising(
                 s.change_detection_sigma, rate, load, work, latency, view.sizes.get(deployment_id), loads, window
             )
-            if surprise:
-                changes.changed(view, s, deployment_id, now, now - latency)
+            if surprise and changes.changed(view, s, deployment_id, now, now - latency):
                 loads = view.loads.get(deployment_id) if s.load_aware else None
+                if loads is not None and rate > 0.0:
+                    loads.add(now, load, work, latency, self._load_half_life)  # the first of the new regime
         # The local view sees its own sample at once (the shared one at the next sync): a deployment has
         # samples as soon as one of its requests finished here, and a failure counts from this moment.
         views.add_local(view, s, deployment_id, sample, now)
@@ -236,11 +242,6 @@ class RateBalancer:
             # Fitted at light load: the part of the latency the load explains is taken out.
             slowdown = 1.0 if loads is None else loads.slowdown(load)
             size_fit.add(now, work, latency / slowdown, self._size_half_life)
-        if ok and s.load_aware and rate > 0.0:
-            fit = view.loads.get(deployment_id)
-            if fit is None:
-                fit = view.loads[deployment_id] = LoadFit()
-            fit.add(now, load, work, latency, self._load_half_life)
         if not ok and self._least_loaded:
             self._waste(view, deployment_id, latency, now)
         if rate_limits is not None:
