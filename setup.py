@@ -20,6 +20,7 @@ COMPILED_MODULES = [
         f"litellm_ratebalance/routing/{name}.py"
         for name in (
             "estimator",
+            "capacity",
             "fits",
             "types",
             "inflight",

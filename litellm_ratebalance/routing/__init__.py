@@ -3,7 +3,8 @@
 The core, independent of LiteLLM (each module says what it owns):
 
 * :mod:`~litellm_ratebalance.routing.estimator`: the pure algorithm (aggregates -> SLA -> shares), with
-  :mod:`~litellm_ratebalance.routing.fits` (rate against load, latency against size);
+  :mod:`~litellm_ratebalance.routing.fits` (rate against load, latency against size) and
+  :mod:`~litellm_ratebalance.routing.capacity` (a deployment's slots, judged per token);
 * :mod:`~litellm_ratebalance.routing.view` and :mod:`~litellm_ratebalance.routing.window`: a model group's
   shared view (buckets, sync, clock offset) and the windows derived from it;
 * :mod:`~litellm_ratebalance.routing.shares`: the shares of a candidate set from a view;
@@ -29,6 +30,7 @@ from typing import Literal
 from litellm_ratebalance import routing_records
 from litellm_ratebalance.routing import (
     balancer,
+    capacity,
     changes,
     estimator,
     evidence,
@@ -62,6 +64,7 @@ __all__ = [
 CORE_MODULES: tuple[ModuleType, ...] = (
     routing_records,
     estimator,
+    capacity,
     fits,
     types,
     inflight,
