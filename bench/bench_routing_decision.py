@@ -21,8 +21,9 @@ Same samples in both, a window with few samples and one with very many. Printed 
 * ``litellm <strategy>``: LiteLLM's own decision with each built-in strategy,
   ``Router.async_get_available_deployment`` over the same 8 deployments (no call made), side by side.
 
-Targets: compiled, a decision <= 50 us whatever the number of samples; pure Python, a decision at most 0.1x
-of LiteLLM's built-in strategies' own decision time (the ratio is printed per strategy). Run: ``python
+Targets: the worst request-path decision (every row but the cache miss and the sync), whatever the number of
+samples, <= 20 us compiled and <= 30 us in pure Python (LiteLLM's own decision time with each built-in strategy
+is printed beside it, with the ratio). Run: ``python
 bench/bench_routing_decision.py`` (or ``make bench BENCH_ARGS=routing_decision``); ``make bench-compiled`` runs
 it on the mypyc-compiled routing core (the first line of the output says which build ran).
 """
@@ -49,7 +50,8 @@ from tests.unit.routing_reference import ReferenceBalancer, Sample
 
 DEPLOYMENTS = 8
 T0 = 1_000_000.0
-TARGET_US = 50.0
+TARGET_US = {"compiled": 20.0, "python": 30.0}
+"""Worst request-path decision allowed, by build of the routing core."""
 OVERDUE_AGE = 8.0
 """Seconds the overdue request has been in flight when an overdue row starts (typical latencies are 0.5-5 s)."""
 
@@ -135,8 +137,6 @@ def routing_build() -> str:
 
 
 BUILTIN_STRATEGIES = ("simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2")
-PURE_PYTHON_RATIO = 0.1
-"""Pure Python target: ours' worst request-path decision at most this fraction of a built-in's decision."""
 
 
 async def builtin_us(strategy: str, deployments: list[dict[str, Any]]) -> float:
@@ -269,17 +269,12 @@ async def main() -> int:
     print(f"{'strategy':56} {'us/decision':>12} {'ours worst / it':>16}")
     for strategy, us in builtins:
         print(f"{'litellm ' + strategy:56} {us:>12,.1f} {worst_ours / us:>15.2f}x")
-    verdict = "meets" if worst_ours <= TARGET_US else "MISSES"
+    target = TARGET_US[core_build()]
+    verdict = "meets" if worst_ours <= target else "MISSES"
     print(
         f"\nworst request-path decision (any row above but cache miss and sync): {worst_ours:.1f} us -> {verdict} "
-        f"<= {TARGET_US:.0f} us"
+        f"<= {target:.0f} us ({routing_build()})"
     )
-    if core_build() == "python":
-        met = [strategy for strategy, us in builtins if worst_ours <= PURE_PYTHON_RATIO * us]
-        print(
-            f"pure Python: worst request-path decision <= {PURE_PYTHON_RATIO}x of the built-in's decision for "
-            f"{len(met)} of {len(builtins)} strategies ({', '.join(met) or 'none'})"
-        )
     return 0
 
 
