@@ -174,3 +174,18 @@ def test_degrading_slows_one_deployment_step_by_step_without_failing() -> None:
     assert all(b == 0 for b in (a.behaviour_at(t).error_rate + a.behaviour_at(t).stall_rate for t in range(20)))
     others = [s.behaviour_at(19.0).token_rate for s in scenario.deployments if s.name != "a"]
     assert rates[0] > max(others) > rates[-1]
+
+
+def test_fluctuating_rates_swing_so_the_fastest_deployment_changes() -> None:
+    for seed in (1, 2, 3):
+        scenario = build_scenario("fluctuating", duration=12.0, seed=seed)
+        leaders = []
+        for step in range(121):
+            at = step / 10
+            rates = {s.name: s.behaviour_at(at).rate_at(at) for s in scenario.deployments}
+            assert all(0.5 * s.behaviour.token_rate - 1e-9 <= rates[s.name] for s in scenario.deployments)
+            leaders.append(max(rates, key=lambda name: rates[name]))
+        changes = sum(a != b for a, b in itertools.pairwise(leaders))
+        assert changes >= 2, (seed, changes)
+    periods = {s.behaviour.wave_period for s in build_scenario("fluctuating", duration=12.0, seed=1).deployments}
+    assert all(6.0 <= p <= 12.0 for p in periods) and len(periods) == 4
