@@ -124,7 +124,6 @@ def probability_above(
     sla: float,
     estimator: EstimatorName,
     shift: float = 0.0,
-    spread: float | None = None,
 ) -> float:
     """Estimated probability that a request to this deployment beats rate ``sla`` >= 0 (0 with no samples).
 
@@ -151,7 +150,7 @@ def probability_above(
     ok_share = min(ok / aggregate.count, 1.0)
     ok_std = math.sqrt(max(variance, 0.0))
     mean += shift
-    std = ok_std if spread is None else min(ok_std, spread)
+    std = ok_std
     if std <= 1e-12 * max(1.0, abs(mean)):
         # Identical answers: the normal fit degenerates to a point mass at their mean.
         if math.isclose(mean, sla, rel_tol=1e-9, abs_tol=1e-12):
@@ -208,10 +207,6 @@ class DeploymentState(NamedTuple):
     load_shift: float = 0.0
     """Expected change of the deployment's rate (tokens/s) at its current load against the load its samples
     were taken at (:meth:`~litellm_ratebalance.routing.fits.LoadFit.shift`); 0 without load awareness."""
-    load_spread: float | None = None
-    """Spread of the rate once the load is known (:meth:`~litellm_ratebalance.routing.fits.LoadFit.spread`);
-    the normal fit uses it when it is smaller than the window's, so the estimate at the current load is as sharp
-    as the load model is."""
     stale: bool = False
     """No samples in the window, but the deployment has been measured before (its samples aged out): it gets
     no weight, only its exploration share, instead of sending the whole candidate set back to the bootstrap
@@ -318,7 +313,7 @@ def reweigh(
 def _probability(
     state: DeploymentState, sla: float, greediness: float, estimator: EstimatorName, prior_samples: float
 ) -> float:
-    p = probability_above(state.window, sla, estimator, state.load_shift, state.load_spread)
+    p = probability_above(state.window, sla, estimator, state.load_shift)
     if prior_samples > 0:
         # A few samples say little: pull the estimate toward the share of all samples above the SLA
         # (1 - greediness) as if prior_samples typical samples were added, so a quiet deployment is tried

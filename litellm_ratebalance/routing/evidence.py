@@ -91,9 +91,9 @@ def load_correction(
     configured_slots: float | None = None,
     *,
     presume: bool = False,
-) -> tuple[float, float | None, float]:
-    """(load shift, load spread, slots-left multiplier) of a deployment with ``busy`` requests in flight
-    here, for the decision that would add one more; (0, None, 1) without a load fit or configured slots
+) -> tuple[float, float]:
+    """(load shift, slots-left multiplier) of a deployment with ``busy`` requests in flight here, for the
+    decision that would add one more; (0, 1) without a load fit or configured slots
     (and without ``presume``). Configured slots stand for the learnt ones. ``fit``: the deployment's load
     fit (None: none yet, or load awareness off). ``presume`` (load awareness on): with neither configured
     nor learnt slots, the fit's presumed slots (:meth:`~litellm_ratebalance.routing.fits.LoadFit.presumed_slots`;
@@ -104,8 +104,8 @@ def load_correction(
     # Configured, or seen saturated: scale the share down as the slots fill up (to 0 when full).
     slots_left = 1.0 if slots is None else headroom_multiplier(max(slots - busy, 0.0) / slots, SLOTS_HEADROOM)
     if fit is None:
-        return 0.0, None, slots_left
-    return fit.shift(busy + 1.0, window_mean), None, slots_left
+        return 0.0, slots_left
+    return fit.shift(busy + 1.0, window_mean), slots_left
 
 
 def busy_rows(
@@ -210,16 +210,16 @@ def whole_stall(
 def with_evidence(
     state: DeploymentState,
     window: RateAggregate,
-    load: tuple[float, float | None, float],
+    load: tuple[float, float],
     stalled: int,
     late: int,
     whole: bool,
 ) -> DeploymentState:
     """``state`` with the in-flight evidence: ``window`` (with the overdue samples), the ``load`` correction
-    (shift, spread, slots left), and the stalled requests as failures happening now; when the deployment has
+    (shift, slots left), and the stalled requests as failures happening now; when the deployment has
     stalled as a whole, its overdue requests count as attempts too and every recent attempt as failed."""
     attempts = state.recent_attempts + (max(stalled, late) if whole else stalled)
-    shift, spread, slots_left = load
+    shift, slots_left = load
     # (positional: this runs on every decision that works in-flight evidence out afresh)
     return DeploymentState(
         window,  # window
@@ -227,7 +227,6 @@ def with_evidence(
         attempts if whole else state.recent_failures + stalled,  # recent_failures
         state.capacity * slots_left,  # capacity
         shift,  # load_shift
-        spread,  # load_spread
         state.stale,  # stale
     )
 

@@ -181,8 +181,8 @@ def _evidence_state(
         # bound, not a measurement, so it is not taken to beat the SLA before an answer does.
         ceiling = evidence.UNMEASURED_BOUND * sla if sla is not None and deployment_id not in derived.expected else None
         overdue = evidence.overdue_window(state_window, late, mean_rate, ceiling)
-    shift, spread, slots_left = correction
-    unchanged = shift == 0.0 and spread is None and stalled == 0 and overdue is None and slots_left == 1.0
+    shift, slots_left = correction
+    unchanged = shift == 0.0 and stalled == 0 and overdue is None and slots_left == 1.0
     if unchanged and state is known.idle[index]:
         return None, None
     whole = evidence.whole_stall(

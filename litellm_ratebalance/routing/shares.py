@@ -112,8 +112,8 @@ def candidate_states(view: GroupView, settings: RoutingSettings, candidates: Seq
     if loads or any(c.slots for c in candidates):
         for i, c in enumerate(candidates):
             fit = loads.get(c.id) if loads is not None else None
-            shift, spread, slots_left = load_correction(fit, 0.0, states[i].window.mean, c.slots)
-            if shift != 0.0 or spread is not None or slots_left != 1.0:
+            shift, slots_left = load_correction(fit, 0.0, states[i].window.mean, c.slots)
+            if shift != 0.0 or slots_left != 1.0:
                 state = states[i]
                 idle[i] = DeploymentState(
                     window=state.window,
@@ -121,7 +121,6 @@ def candidate_states(view: GroupView, settings: RoutingSettings, candidates: Seq
                     recent_failures=state.recent_failures,
                     capacity=state.capacity * slots_left,
                     load_shift=shift,
-                    load_spread=spread,
                     stale=state.stale,
                 )
     return Cached(settings_shares(settings, idle), tuple(states), tuple(idle), {}, {})

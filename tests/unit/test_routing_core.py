@@ -168,17 +168,17 @@ def test_overdue_requests_become_rate_bounds_and_whole_stalls_fail_every_attempt
     capped = evidence.overdue_window(RateAggregate(), [(1.5, 3.0, False)], 100.0, ceiling=30.0)
     assert capped.rate_sum == pytest.approx(30.0)
     state = DeploymentState(window, recent_attempts=4.0, recent_failures=1.0, capacity=0.8)
-    partly = evidence.with_evidence(state, overdue, (0.0, None, 0.5), stalled=1, late=2, whole=False)
+    partly = evidence.with_evidence(state, overdue, (0.0, 0.5), stalled=1, late=2, whole=False)
     assert (partly.recent_attempts, partly.recent_failures, partly.capacity) == (5.0, 2.0, 0.4)
-    whole = evidence.with_evidence(state, overdue, (0.0, None, 1.0), stalled=1, late=2, whole=True)
+    whole = evidence.with_evidence(state, overdue, (0.0, 1.0), stalled=1, late=2, whole=True)
     assert whole.recent_attempts == whole.recent_failures == 6.0
 
 
 def test_configured_slots_shrink_the_share_as_they_fill() -> None:
-    assert evidence.load_correction(None, 0.0, 50.0, configured_slots=4.0) == (0.0, None, 1.0)
-    assert evidence.load_correction(None, 3.0, 50.0, configured_slots=4.0)[2] == pytest.approx(0.5)
-    assert evidence.load_correction(None, 4.0, 50.0, configured_slots=4.0)[2] == 0.0
-    assert evidence.load_correction(None, 9.0, 50.0) == (0.0, None, 1.0)  # nothing known: no correction
+    assert evidence.load_correction(None, 0.0, 50.0, configured_slots=4.0) == (0.0, 1.0)
+    assert evidence.load_correction(None, 3.0, 50.0, configured_slots=4.0)[1] == pytest.approx(0.5)
+    assert evidence.load_correction(None, 4.0, 50.0, configured_slots=4.0)[1] == 0.0
+    assert evidence.load_correction(None, 9.0, 50.0) == (0.0, 1.0)  # nothing known: no correction
 
 
 def test_a_finished_request_is_surprising_against_what_knows_its_spread() -> None:

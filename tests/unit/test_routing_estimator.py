@@ -242,7 +242,6 @@ def test_reweigh_equals_computing_the_shares_afresh(estimator: str, seed: int) -
             recent_failures=float(rng.randint(0, 4)),
             capacity=rng.choice([1.0, 0.5, 0.0]),
             load_shift=rng.uniform(-30, 30),
-            load_spread=rng.choice([None, 5.0]),
         )
 
     before = [random_state() for _ in range(8)]

@@ -53,19 +53,19 @@ def test_presumed_slots_fade_with_the_samples_that_proved_them() -> None:
 
 def test_presumed_slots_shrink_the_share_as_they_fill() -> None:
     presumed = PRESUMED_SLOTS
-    assert evidence.load_correction(None, presumed / 2, 50.0, presume=True)[2] == 1.0  # half free: no change yet
-    assert evidence.load_correction(None, 0.75 * presumed, 50.0, presume=True)[2] == pytest.approx(0.5)
-    assert evidence.load_correction(None, presumed, 50.0, presume=True)[2] == 0.0
-    assert evidence.load_correction(None, presumed, 50.0)[2] == 1.0  # not presumed: unknown slots are unlimited
+    assert evidence.load_correction(None, presumed / 2, 50.0, presume=True)[1] == 1.0  # half free: no change yet
+    assert evidence.load_correction(None, 0.75 * presumed, 50.0, presume=True)[1] == pytest.approx(0.5)
+    assert evidence.load_correction(None, presumed, 50.0, presume=True)[1] == 0.0
+    assert evidence.load_correction(None, presumed, 50.0)[1] == 1.0  # not presumed: unknown slots are unlimited
     # Configured and learnt slots win over the presumption.
-    assert evidence.load_correction(None, 4.0, 50.0, configured_slots=16.0, presume=True)[2] == 1.0
+    assert evidence.load_correction(None, 4.0, 50.0, configured_slots=16.0, presume=True)[1] == 1.0
     learnt = LoadFit()
     for t, load, rate in [(0, 1.0, 200.0), (1, 1.0, 200.0), (2, 1.0, 200.0), (3, 8.0, 25.0)] + [
         (4 + i, 8.0, 25.0) for i in range(3)
     ]:
         served(learnt, float(t), load, rate, 0.0)
     assert learnt.slots() == pytest.approx(1.0, rel=0.01)
-    assert evidence.load_correction(learnt, 1.0, 100.0, presume=True)[2] == 0.0
+    assert evidence.load_correction(learnt, 1.0, 100.0, presume=True)[1] == 0.0
 
 
 def test_a_change_of_rate_keeps_the_load_proven_before() -> None:
