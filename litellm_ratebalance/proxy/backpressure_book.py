@@ -28,8 +28,9 @@ from litellm_ratebalance.overload.output import OutputEstimate
 from litellm_ratebalance.overload.prompt import PromptScale
 from litellm_ratebalance.overload.queue import FairQueue
 from litellm_ratebalance.overload.reserve import TopDemand
+from litellm_ratebalance.overload.servers import PREALLOCATING
 from litellm_ratebalance.overload.shedding import Tiers, Verdict, decide
-from litellm_ratebalance.overload.signals import SignalBoard, held_at_scrape, server_signals
+from litellm_ratebalance.overload.signals import SignalBoard, SignalUpkeep, held_at_scrape, server_signals
 
 __all__ = ["PROCESS", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
 
@@ -90,6 +91,7 @@ class DeploymentState:
         "queue",
         "reserved_tokens",
         "scraped_at",
+        "signals",
         "top_inflight",
         "typical_cost",
         "wake",
@@ -132,6 +134,8 @@ class DeploymentState:
         """When the last good metrics scrape of this deployment answered (monotonic seconds)."""
         self.freed_tokens = 0.0
         """KV-cache tokens that requests of this process finished since that scrape held in its reading."""
+        self.signals = SignalUpkeep()
+        """The GPU memory floor of its server, the signal report's and the preemption log's bookkeeping."""
 
     def scraped(self, now: float) -> None:
         """A metrics scrape answered at ``now``: the memory freed before it is in its reading."""
@@ -236,14 +240,23 @@ class Context:
         )
         return state.prompt_scale.apply(profile.prompt_tokens) + output
 
+    def kv_capacity(self, state: DeploymentState) -> int | None:
+        """The deployment's KV-cache capacity in tokens: ``kv_cache_tokens`` where set, else what its server
+        exports (``None``: neither; the token-aware check is then off)."""
+        configured = state.config.kv_cache_tokens
+        return configured if configured is not None else self.board.capacity(state.deployment_id)
+
     def server_signals(self, state: DeploymentState) -> dict[str, float]:
         now = self.clock()
         stale = self.settings.signals.stale_after_seconds
         config = state.config
+        gpu = self.board.gpus(config.gpu_indices, now, stale) if self.settings.signals.nvml else None
+        if gpu is not None and self.board.server(config.deployment_id) in PREALLOCATING:
+            gpu = state.signals.idle_memory.above_idle(gpu)  # its memory is reserved up front (see IdleMemory)
         return server_signals(
             self.board.metrics(config.deployment_id, now, stale),
-            self.board.gpus(config.gpu_indices, now, stale) if self.settings.signals.nvml else None,
-            kv_cache_tokens=config.kv_cache_tokens,
+            gpu,
+            kv_cache_tokens=self.kv_capacity(state),
             server_queue_limit=config.server_queue_limit,
             gpu_utilization=self.settings.signals.gpu_utilization,
             freed_tokens=state.freed_tokens,
@@ -263,7 +276,7 @@ class Context:
             limit=state.limit.limit,
             cost_tokens=self.cost(state, profile),
             reserved_tokens=state.reserved_tokens,
-            kv_cache_tokens=state.config.kv_cache_tokens,
+            kv_cache_tokens=self.kv_capacity(state),
             waiting_rank=None if queued else state.queue.top_rank(),
             headroom_tokens=math.ceil(state.typical_cost),
             top_reserve=self.top_reserve(state),

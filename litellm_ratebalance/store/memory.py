@@ -12,12 +12,18 @@ from litellm_ratebalance.store.contracts import MemoryContractStore
 from litellm_ratebalance.store.cost import MemoryCostStore
 from litellm_ratebalance.store.keys import KeySpace
 from litellm_ratebalance.store.routing import MemoryRoutingStore
+from litellm_ratebalance.store.signals import MemorySignalStore
 
 __all__ = ["MemoryStore"]
 
 
 class MemoryStore(
-    MemoryAdmissionStore, MemoryRoutingStore, MemoryContractStore, MemoryConcurrencyStore, MemoryCostStore
+    MemoryAdmissionStore,
+    MemoryRoutingStore,
+    MemoryContractStore,
+    MemoryConcurrencyStore,
+    MemoryCostStore,
+    MemorySignalStore,
 ):
     """The store in this process's memory: one proxy process, same semantics as Redis.
 
@@ -35,6 +41,7 @@ class MemoryStore(
         self._init_routing()
         self._init_contracts()
         self._init_concurrency()
+        self._init_signals()
 
     async def ping(self) -> None:
         return None

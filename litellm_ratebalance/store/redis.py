@@ -11,11 +11,19 @@ from litellm_ratebalance.store.contracts import RedisContractStore
 from litellm_ratebalance.store.cost import RedisCostStore
 from litellm_ratebalance.store.keys import KeySpace
 from litellm_ratebalance.store.routing import RedisRoutingStore
+from litellm_ratebalance.store.signals import RedisSignalStore
 
 __all__ = ["RedisStore"]
 
 
-class RedisStore(RedisAdmissionStore, RedisRoutingStore, RedisContractStore, RedisConcurrencyStore, RedisCostStore):
+class RedisStore(
+    RedisAdmissionStore,
+    RedisRoutingStore,
+    RedisContractStore,
+    RedisConcurrencyStore,
+    RedisCostStore,
+    RedisSignalStore,
+):
     """The store over a ``redis.asyncio`` client (``Redis`` or ``RedisCluster``).
 
     ``client`` is the client or a callable returning the current one (LiteLLM may replace its cached
