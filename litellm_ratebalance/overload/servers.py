@@ -39,6 +39,7 @@ which is dropped.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -49,6 +50,7 @@ __all__ = [
     "PREALLOCATING",
     "SERVER_KINDS",
     "Dialect",
+    "Exposition",
     "Finding",
     "Problem",
     "Sample",
@@ -56,7 +58,7 @@ __all__ = [
     "ServerMetrics",
     "ServerReading",
     "counter_rise",
-    "parse_samples",
+    "parse_exposition",
     "read_server",
 ]
 
@@ -68,6 +70,7 @@ PREALLOCATING: frozenset[ServerKind] = frozenset(SERVER_KINDS)
 ``--mem-fraction-static``, TGI's warm-up): NVML reads ~0.9 on such a server when it is idle."""
 
 _SHARD_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _MAX_CAPACITY = 10**10
 """The largest capacity taken as real (the bound of the ``kv_cache_tokens`` setting)."""
 _FRACTION_SLACK = 1e-6
@@ -195,20 +198,55 @@ DIALECTS: Mapping[ServerKind, Dialect] = {
 }
 
 
-def parse_samples(text: str) -> list[Sample]:
-    """Every sample of a Prometheus text exposition with a finite value; ValueError when it is not one."""
+@dataclass(frozen=True, slots=True)
+class Exposition:
+    """A ``/metrics`` body, as far as the servers' signals need it."""
+
+    names: frozenset[str]
+    """The name of every sample in the body (to recognise the server, or say what the body holds instead)."""
+    samples: tuple[Sample, ...]
+    """The samples of the metrics :data:`DIALECTS` read, with a finite value."""
+
+
+_READ = frozenset(
+    name
+    for d in DIALECTS.values()
+    for name in (d.running, d.waiting, *d.usage, d.batch_tokens, d.capacity, d.capacity_info, d.preemptions)
+    if name is not None
+)
+"""Every metric name a dialect reads."""
+
+
+def parse_exposition(text: str) -> Exposition:
+    """Read a Prometheus text exposition; ValueError when it is not one.
+
+    Only the lines of the metrics :data:`DIALECTS` read are parsed in full (labels unescaped, values
+    checked): a vLLM body is mostly histogram buckets, and parsing all of it would cost the proxy's event loop
+    ~15 ms per scrape; every other line is only checked to start with a metric name."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    names: set[str] = set()
+    kept: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        match = _METRIC_NAME.match(stripped)
+        if match is None or match.end() == len(stripped) or stripped[match.end()] not in "{ \t":
+            raise ValueError(f"not a Prometheus text exposition: {stripped[:80]!r} is not a sample")
+        names.add(match.group())
+        if match.group() in _READ:
+            kept.append(stripped)
     samples: list[Sample] = []
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families("\n".join(kept) + "\n"):
             for sample in family.samples:
                 value = float(sample.value)
                 if math.isfinite(value):
                     samples.append(Sample(sample.name, sample.labels, value))
     except Exception as exc:  # the parser raises ValueError and friends on malformed lines
         raise ValueError(f"not a Prometheus text exposition: {exc}") from exc
-    return samples
+    return Exposition(frozenset(names), tuple(samples))
 
 
 def detect(names: Iterable[str]) -> list[ServerKind]:
@@ -222,16 +260,16 @@ def detect(names: Iterable[str]) -> list[ServerKind]:
 
 
 def read_server(
-    samples: list[Sample], configured: ServerKind | None = None, *, capacity_configured: bool = False
+    exposition: Exposition, configured: ServerKind | None = None, *, capacity_configured: bool = False
 ) -> ServerReading:
-    """Read parsed ``samples`` (:func:`parse_samples`) as the server that exported them.
+    """Read a parsed body (:func:`parse_exposition`) as the server that exported it.
 
     ``configured``: the ``server`` setting (``None``: detect it); when another server answers, the body is
     read as that server and :attr:`Problem.SERVER_MISMATCH` says so. ``capacity_configured``: the deployment
     sets ``kv_cache_tokens``, so a capacity the server does not export is no problem."""
-    present = detect(s.name for s in samples)
+    present = detect(exposition.names)
     if not present:
-        return ServerReading(None, ServerMetrics(), 0, (_unrecognised(samples),))
+        return ServerReading(None, ServerMetrics(), 0, (_unrecognised(exposition.names),))
     findings: list[Finding] = []
     kind = configured if configured in present else present[0]
     if configured is not None and configured != kind:
@@ -242,7 +280,7 @@ def read_server(
                 f"they are read as {kind} (set server: {kind}, or auto)",
             )
         )
-    reader = _Reader(DIALECTS[kind], samples, findings)
+    reader = _Reader(DIALECTS[kind], exposition.samples, findings)
     metrics, engines = reader.read()
     _missing(DIALECTS[kind], metrics, reader, capacity_configured, findings)
     return ServerReading(kind, metrics, engines, tuple(findings))
@@ -268,7 +306,7 @@ class _Reader:
 
     __slots__ = ("_by_name", "_dialect", "_findings", "engines_seen", "rejected")
 
-    def __init__(self, dialect: Dialect, samples: list[Sample], findings: list[Finding]) -> None:
+    def __init__(self, dialect: Dialect, samples: Iterable[Sample], findings: list[Finding]) -> None:
         self._dialect = dialect
         self._findings = findings
         self._by_name: dict[str, list[Sample]] = {}
@@ -362,12 +400,15 @@ class _Reader:
                 return None, capacity
             by_model.setdefault(model, []).append((engine, min(1.0, value)))
         worst: tuple[float, float | None] | None = None
+        model_capacity: float | None
         for engines in by_model.values():
             caps = [capacities.get(engine) for engine, _ in engines]
-            if all(c is not None for c in caps) and sum(c or 0.0 for c in caps) > 0:
+            if len(engines) == 1:
+                combined, model_capacity = engines[0][1], caps[0] if caps[0] is not None else capacity
+            elif all(c is not None for c in caps) and sum(c or 0.0 for c in caps) > 0:
                 total = sum(c or 0.0 for c in caps)
                 combined = sum(u * (c or 0.0) for (_, u), c in zip(engines, caps, strict=True)) / total
-                model_capacity: float | None = total
+                model_capacity = total
             else:
                 combined = sum(u for _, u in engines) / len(engines)
                 model_capacity = capacity
@@ -429,10 +470,10 @@ def _missing(
         )
 
 
-def _unrecognised(samples: list[Sample]) -> Finding:
-    families = sorted({_family_prefix(s.name) for s in samples})
-    seen = f"it has {len(samples)} series ({', '.join(families[:6])}{', ...' if len(families) > 6 else ''})"
-    if not samples:
+def _unrecognised(names: frozenset[str]) -> Finding:
+    families = sorted({_family_prefix(name) for name in names})
+    seen = f"it has {len(names)} metrics ({', '.join(families[:6])}{', ...' if len(families) > 6 else ''})"
+    if not names:
         seen = "it is empty"
     return Finding(
         Problem.UNRECOGNISED,

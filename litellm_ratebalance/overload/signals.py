@@ -35,12 +35,14 @@ from litellm_ratebalance.overload.servers import (
     ServerMetrics,
     ServerReading,
     counter_rise,
-    parse_samples,
+    parse_exposition,
     read_server,
 )
 
 __all__ = [
     "SCRAPE_FAILURES_BEFORE_WARNING",
+    "SIGNAL_REPORT_REFRESH_SECONDS",
+    "SIGNAL_REPORT_TTL_SECONDS",
     "Fetcher",
     "GpuProbe",
     "GpuSample",
@@ -68,7 +70,7 @@ Fetcher = Callable[[str, float], Awaitable[str]]
 def parse_metrics(text: str, server: ServerSetting = "auto") -> ServerMetrics:
     """Parse a Prometheus text exposition as ``server``'s metrics (``auto``: whichever server exported them;
     another server than the one named is read as the one it is); ValueError when it is not an exposition."""
-    return read_server(parse_samples(text), None if server == "auto" else server).metrics
+    return read_server(parse_exposition(text), None if server == "auto" else server).metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +287,12 @@ def server_signals(
     return signals
 
 
+SIGNAL_REPORT_REFRESH_SECONDS = 30.0
+"""An unchanged signal report (server answering, problems) is written to the shared store again this often,
+per deployment and replica; a changed one at once."""
+SIGNAL_REPORT_TTL_SECONDS = 90.0
+"""A stored signal report that no replica renewed for this long lapses (``status`` then shows none)."""
+
 SCRAPE_FAILURES_BEFORE_WARNING = 2
 """Consecutive failed scrapes of one endpoint before it is reported. The first scrape starts with the first
 request, while the proxy's event loop is busy with that request's one-off work (LiteLLM's lazy imports, the
@@ -356,7 +364,7 @@ class SignalBoard:
         configured capacity (then an exported one need not exist). ``None`` when the scrape failed."""
         state = self._scrapes.setdefault(deployment_id, _Scrape())
         try:
-            samples = parse_samples(await self._fetch(url, timeout))
+            exposition = parse_exposition(await self._fetch(url, timeout))
         except Exception as exc:
             state.failures += 1
             state.failure = f"{type(exc).__name__}: {exc}"
@@ -374,7 +382,7 @@ class SignalBoard:
             logger.info("litellm_ratebalance backpressure: metrics of deployment %s are back (%s)", deployment_id, url)
         state.failures = 0
         reading = read_server(
-            samples, None if server == "auto" else server, capacity_configured=kv_cache_tokens is not None
+            exposition, None if server == "auto" else server, capacity_configured=kv_cache_tokens is not None
         )
         metrics = reading.metrics
         if metrics.kv_capacity_tokens is not None:

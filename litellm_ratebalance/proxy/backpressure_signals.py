@@ -6,7 +6,8 @@
   that reserves its memory up front (taken while nothing runs), a rise of the server's preemption counter
   as a dropped request for the adaptive limit (``signals.preemptions_as_drops``), the signal-health gauges;
 * :func:`publish_reports`: each deployment's signal report (server answering, problems) in the shared store,
-  where ``status`` reads it, when it changed and every :data:`REPORT_REFRESH_SECONDS`.
+  where ``status`` reads it, when it changed and every ``SIGNAL_REPORT_REFRESH_SECONDS`` (30 s; it lapses
+  after ``SIGNAL_REPORT_TTL_SECONDS``, 90 s, unless renewed).
 
 The decisions are the board's and :class:`~litellm_ratebalance.overload.signals.SignalUpkeep`'s; this module
 calls them and does the I/O (store, log, metrics).
@@ -20,19 +21,16 @@ from collections.abc import Sequence
 
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.overload.servers import PREALLOCATING, SERVER_KINDS, Problem
+from litellm_ratebalance.overload.signals import SIGNAL_REPORT_REFRESH_SECONDS, SIGNAL_REPORT_TTL_SECONDS
 from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState
 from litellm_ratebalance.proxy.backpressure_metrics import count_preemptions, set_signal_health
 from litellm_ratebalance.proxy.runtime import get_runtime
 
-__all__ = ["REPORT_REFRESH_SECONDS", "REPORT_TTL_SECONDS", "follow_signals", "publish_reports", "scrape_servers"]
+__all__ = ["follow_signals", "publish_reports", "scrape_servers"]
 
 logger = logging.getLogger("litellm_ratebalance.backpressure")
 
 COMPONENT = "backpressure"
-REPORT_REFRESH_SECONDS = 30.0
-"""An unchanged signal report is written again this often (per deployment and replica)."""
-REPORT_TTL_SECONDS = 90.0
-"""A report no replica renewed for this long lapses (``status`` then shows none)."""
 PREEMPTION_LOG_INTERVAL_SECONDS = 60.0
 """At most one log line per deployment about its server's preemptions per interval (the metric counts all)."""
 
@@ -119,17 +117,17 @@ def _preempted(ctx: Context, state: DeploymentState, rise: float, now: float) ->
 
 async def publish_reports(ctx: Context, deployments: Sequence[DeploymentState], now: float) -> None:
     """Write the signal report of each scraped deployment whose report is due (changed, or
-    :data:`REPORT_REFRESH_SECONDS` old) to the shared store; a store fault is recorded, the report retried
+    ``SIGNAL_REPORT_REFRESH_SECONDS`` old) to the shared store; a store fault is recorded, the report retried
     at the next step."""
     runtime = get_runtime()
-    ttl_ms = int(REPORT_TTL_SECONDS * 1000)
+    ttl_ms = int(SIGNAL_REPORT_TTL_SECONDS * 1000)
     for state in deployments:
         health = ctx.board.health(state.deployment_id)
         if health is None:
             continue
         problems = [p.value for p in health.problems]
         report = (health.server, tuple(problems), tuple(f.detail for f in health.findings))
-        if not state.signals.report_due(report, now, REPORT_REFRESH_SECONDS):
+        if not state.signals.report_due(report, now, SIGNAL_REPORT_REFRESH_SECONDS):
             continue
         try:
             await runtime.store().signal_report(
