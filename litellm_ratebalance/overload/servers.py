@@ -38,6 +38,7 @@ which is dropped.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -161,6 +162,16 @@ class Dialect:
     capacity_hint: str = ""
     """Where a user finds the capacity to set ``kv_cache_tokens`` by hand."""
 
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        """Matches the start of each of its sample lines."""
+        return _line_start(self.prefix)
+
+
+@functools.cache
+def _line_start(prefix: str) -> re.Pattern[str]:
+    return re.compile(rf"^[ \t]*{re.escape(prefix)}", re.MULTILINE)
+
 
 DIALECTS: Mapping[ServerKind, Dialect] = {
     "vllm": Dialect(
@@ -202,10 +213,12 @@ DIALECTS: Mapping[ServerKind, Dialect] = {
 class Exposition:
     """A ``/metrics`` body, as far as the servers' signals need it."""
 
-    names: frozenset[str]
-    """The name of every sample in the body (to recognise the server, or say what the body holds instead)."""
+    series: Mapping[ServerKind, int]
+    """Sample lines per server whose metric names start with its prefix (``vllm:``, ``tgi_``, ``sglang:``)."""
     samples: tuple[Sample, ...]
     """The samples of the metrics :data:`DIALECTS` read, with a finite value."""
+    others: frozenset[str] = frozenset()
+    """When no server's metric is there: the names the body has instead (to say what it is)."""
 
 
 _READ = frozenset(
@@ -215,28 +228,26 @@ _READ = frozenset(
     if name is not None
 )
 """Every metric name a dialect reads."""
+_READ_LINES = re.compile(
+    rf"^[ \t]*(?:{'|'.join(re.escape(name) for name in sorted(_READ, key=len, reverse=True))})[{{ \t].*$",
+    re.MULTILINE,
+)
+"""The sample lines of those metrics."""
 
 
 def parse_exposition(text: str) -> Exposition:
     """Read a Prometheus text exposition; ValueError when it is not one.
 
-    Only the lines of the metrics :data:`DIALECTS` read are parsed in full (labels unescaped, values
-    checked): a vLLM body is mostly histogram buckets, and parsing all of it would cost the proxy's event loop
-    ~15 ms per scrape; every other line is only checked to start with a metric name."""
+    Only the lines of the metrics :data:`DIALECTS` read are parsed (labels unescaped, values checked): a
+    vLLM body is mostly histogram buckets, and parsing all of it costs the proxy's event loop several
+    milliseconds per scrape. A body with none of those lines is checked line by line instead."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    names: set[str] = set()
-    kept: list[str] = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        match = _METRIC_NAME.match(stripped)
-        if match is None or match.end() == len(stripped) or stripped[match.end()] not in "{ \t":
-            raise ValueError(f"not a Prometheus text exposition: {stripped[:80]!r} is not a sample")
-        names.add(match.group())
-        if match.group() in _READ:
-            kept.append(stripped)
+    series = {kind: len(DIALECTS[kind].pattern.findall(text)) for kind in SERVER_KINDS}
+    kept = _READ_LINES.findall(text)
+    others: frozenset[str] = frozenset()
+    if not kept and not any(series.values()):
+        others = _names(text)
     samples: list[Sample] = []
     try:
         for family in text_string_to_metric_families("\n".join(kept) + "\n"):
@@ -246,17 +257,26 @@ def parse_exposition(text: str) -> Exposition:
                     samples.append(Sample(sample.name, sample.labels, value))
     except Exception as exc:  # the parser raises ValueError and friends on malformed lines
         raise ValueError(f"not a Prometheus text exposition: {exc}") from exc
-    return Exposition(frozenset(names), tuple(samples))
+    return Exposition({k: n for k, n in series.items() if n}, tuple(samples), others)
 
 
-def detect(names: Iterable[str]) -> list[ServerKind]:
-    """The servers whose metrics appear among ``names``, most series first."""
-    counts = {kind: 0 for kind in SERVER_KINDS}
-    for name in names:
-        for kind, dialect in DIALECTS.items():
-            if name.startswith(dialect.prefix):
-                counts[kind] += 1
-    return sorted((kind for kind, n in counts.items() if n), key=lambda kind: -counts[kind])
+def _names(text: str) -> frozenset[str]:
+    """Every sample's metric name; ValueError at a line that is no sample (an HTML error page, say)."""
+    names: set[str] = set()
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        match = _METRIC_NAME.match(stripped)
+        if match is None or match.end() == len(stripped) or stripped[match.end()] not in "{ \t":
+            raise ValueError(f"not a Prometheus text exposition: {stripped[:80]!r} is not a sample")
+        names.add(match.group())
+    return frozenset(names)
+
+
+def detect(series: Mapping[ServerKind, int]) -> list[ServerKind]:
+    """The servers with series in a body, most series first."""
+    return sorted((kind for kind, n in series.items() if n), key=lambda kind: -series[kind])
 
 
 def read_server(
@@ -267,9 +287,9 @@ def read_server(
     ``configured``: the ``server`` setting (``None``: detect it); when another server answers, the body is
     read as that server and :attr:`Problem.SERVER_MISMATCH` says so. ``capacity_configured``: the deployment
     sets ``kv_cache_tokens``, so a capacity the server does not export is no problem."""
-    present = detect(exposition.names)
+    present = detect(exposition.series)
     if not present:
-        return ServerReading(None, ServerMetrics(), 0, (_unrecognised(exposition.names),))
+        return ServerReading(None, ServerMetrics(), 0, (_unrecognised(exposition.others),))
     findings: list[Finding] = []
     kind = configured if configured in present else present[0]
     if configured is not None and configured != kind:

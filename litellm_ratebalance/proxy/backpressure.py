@@ -368,9 +368,17 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 "top_reserve": ctx.top_reserve(state),
                 "top_inflight": state.top_inflight,
                 "signals": ctx.server_signals(state),
+                "server": ctx.board.server(deployment_id),
+                "kv_cache_tokens": ctx.kv_capacity(state),
+                "signal_problems": _problems(ctx, deployment_id),
             }
             for deployment_id, state in ctx.deployments.items()
         }
+
+
+def _problems(ctx: Context, deployment_id: str) -> list[str]:
+    health = ctx.board.health(deployment_id)
+    return [] if health is None else [p.value for p in health.problems]
 
 
 def startup_model_info_problems(model_list: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -24,6 +24,7 @@ logger = logging.getLogger("litellm_ratebalance.backpressure")
 
 async def maintain_forever(ctx: Context) -> None:
     """:func:`maintain_once` every scrape interval, forever (cancelled when the settings change or on close)."""
+    task = asyncio.current_task()
     while True:
         try:
             await maintain_once(ctx)
@@ -31,6 +32,10 @@ async def maintain_forever(ctx: Context) -> None:
             raise
         except Exception:
             logger.exception("litellm_ratebalance backpressure: maintenance step failed")
+        if task is not None and task.cancelling():
+            # Cancelled during the step, and something on the way (a client library's clean-up) swallowed the
+            # CancelledError: stop anyway, or whoever awaits the cancelled task waits forever.
+            raise asyncio.CancelledError
         await asyncio.sleep(ctx.settings.signals.scrape_interval_seconds)
 
 
