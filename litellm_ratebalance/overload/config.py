@@ -58,7 +58,8 @@ class LimitSettings(SettingsModel):
     """Slots probed per turnover of the slots while latency stays within tolerance (per sample,
     ``smoothing x growth``, until the first back-off)."""
     backoff_ratio: Annotated[float, Field(ge=0.1, le=1.0)] = 0.9
-    """Factor applied to the limit on a dropped request (server error, timeout, simulated OOM)."""
+    """Factor applied to the limit on a dropped request (server error, timeout, simulated OOM) and on a rise of
+    the server's preemption counter (``signals.preemptions_as_drops``)."""
     drop_cooldown_seconds: Annotated[float, Field(ge=0.0, le=3600.0)] = 1.0
     """At most one backoff per this interval: a crash failing every in-flight request backs off once."""
     baseline_drift_per_minute: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01

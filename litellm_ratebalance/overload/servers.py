@@ -274,7 +274,7 @@ def _names(text: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def detect(series: Mapping[ServerKind, int]) -> list[ServerKind]:
+def _detect(series: Mapping[ServerKind, int]) -> list[ServerKind]:
     """The servers with series in a body, most series first."""
     return sorted((kind for kind, n in series.items() if n), key=lambda kind: -series[kind])
 
@@ -287,7 +287,7 @@ def read_server(
     ``configured``: the ``server`` setting (``None``: detect it); when another server answers, the body is
     read as that server and :attr:`Problem.SERVER_MISMATCH` says so. ``capacity_configured``: the deployment
     sets ``kv_cache_tokens``, so a capacity the server does not export is no problem."""
-    present = detect(exposition.series)
+    present = _detect(exposition.series)
     if not present:
         return ServerReading(None, ServerMetrics(), 0, (_unrecognised(exposition.others),))
     findings: list[Finding] = []
