@@ -210,7 +210,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         limits = self._limits(derived, capacity, priority)
         limiter_settings = derived.settings.ratebalance.limiter
         cost = _request_cost(requested_model, data, derived.settings, call_type) if capacity.tpm else RequestCost(0)
-        settles = self._settles.take(model_group)
+        settles = await self._settles.take_after_send(model_group)
         try:
             result = await runtime.store().acquire(
                 model_group,

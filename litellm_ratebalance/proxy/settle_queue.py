@@ -54,8 +54,8 @@ class SettleQueue:
         self._pending: dict[str, SettleBatch] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
-        self._sending: set[str] = set()
-        """Model groups with a :meth:`send_now` in flight."""
+        self._sending: dict[str, asyncio.Event] = {}
+        """Model groups with a :meth:`send_now` in flight: the event is set once it is done."""
         self._urgent: set[str] = set()
         """Model groups with a correction queued by :meth:`send_now` and not yet sent."""
 
@@ -72,6 +72,15 @@ class SettleQueue:
         batch = self._pending.pop(model_group, None)
         return batch if batch else None
 
+    async def take_after_send(self, model_group: str) -> SettleBatch | None:
+        """:meth:`take`, once a :meth:`send_now` of the model group in flight is done: an admission of this
+        process never reaches the store ahead of a correction this process sent before it (the order that
+        carrying the correction with the admission gives)."""
+        sending = self._sending.get(model_group)
+        if sending is not None:
+            await sending.wait()
+        return self.take(model_group)
+
     async def send_now(self, model_group: str) -> None:
         """Send the model group's pending batch now (module doc), and return once it is sent (or failed).
 
@@ -81,7 +90,7 @@ class SettleQueue:
         self._urgent.add(model_group)
         if model_group in self._sending:
             return
-        self._sending.add(model_group)
+        done = self._sending[model_group] = asyncio.Event()
         try:
             while model_group in self._urgent:
                 self._urgent.discard(model_group)
@@ -95,8 +104,9 @@ class SettleQueue:
                     logger.exception("litellm_ratebalance rate_limiter: sending settles failed")
                     return
         finally:
-            self._sending.discard(model_group)
+            del self._sending[model_group]
             self._urgent.discard(model_group)
+            done.set()
 
     def put_back(self, model_group: str, batch: SettleBatch, window_ms: int) -> None:
         """Queue a batch again that could not be sent, keeping only recent windows (bounded memory)."""

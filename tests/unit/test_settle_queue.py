@@ -68,3 +68,21 @@ async def test_a_failed_send_stops_and_leaves_the_batch_to_the_callback() -> Non
     queue.batch("m").add(0, "d", -2)
     await queue.send_now("m")  # a later one is tried again
     assert len(recorder.sent) == 2
+
+
+async def test_an_admission_waits_for_a_send_in_flight_and_then_takes_what_came_since() -> None:
+    recorder = Recorder()
+    recorder.release.clear()
+    queue = SettleQueue(recorder, delay_seconds=60)
+    queue.batch("m").add(0, "d", -1)
+    sending = asyncio.create_task(queue.send_now("m"))
+    await asyncio.sleep(0)
+    queue.batch("m").add(0, "d", -2)  # not urgent: waits for an admission
+    taking = asyncio.create_task(queue.take_after_send("m"))
+    await asyncio.sleep(0.01)
+    assert not taking.done()  # the correction sent first reaches the store first
+    recorder.release.set()
+    await sending
+    taken = await taking
+    assert taken is not None and list(taken.delta_items()) == [(0, "d", -2, 0)]
+    assert await queue.take_after_send("other") is None  # nothing in flight: no wait
