@@ -11,7 +11,8 @@ One request's path:
 2. ``async_post_call_response_headers_hook``: the admission headers on the successful response.
 3. ``async_log_success_event``: the correction to the actual usage (and a sample for the learned output
    estimate) joins the model group's pending batch, with no store call of its own: the batch travels with
-   the next admission of that model group, or is flushed within 100 ms (:mod:`.settle_queue`).
+   the next admission of that model group, or is flushed within 100 ms (:mod:`.settle_queue`). A cold
+   start's corrections (reserved before anything was learned) are sent at once.
 4. ``async_post_call_failure_hook`` / ``async_log_failure_event``: give the token reservation back (and the
    request too when the failure came from a proxy hook, i.e. the provider never saw the request), queued
    the same way.
@@ -213,7 +214,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         limits = self._limits(derived, capacity, priority)
         limiter_settings = derived.settings.ratebalance.limiter
         cost = _request_cost(requested_model, data, derived.settings, call_type) if capacity.tpm else RequestCost(0)
-        settles = self._settles.take(model_group)
+        settles = await self._settles.take_after_send(model_group)
         try:
             result = await runtime.store().acquire(
                 model_group,
@@ -297,7 +298,14 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         expires_at = time.monotonic() + max(2 * derived.window_ms / 1000, _MIN_TICKET_SECONDS)
         ticket_id = self._tickets.open(
             AdmissionTicket(
-                model_group, limits.pool, result.window_start_ms, result.cost_tokens, expires_at, learn_beyond, local
+                model_group,
+                limits.pool,
+                result.window_start_ms,
+                result.cost_tokens,
+                expires_at,
+                learn_beyond,
+                local,
+                on_prior=cost.output_cap is not None and result.estimate is None,
             )
         )
         metadata = data.get("metadata")
@@ -350,6 +358,8 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         batch.add(ticket.window_start_ms, ticket.pool, used - ticket.held_tokens)
         if ticket.learn_beyond is not None:
             batch.learn(used - ticket.learn_beyond)
+        if ticket.on_prior:  # a cold start's correction: the other replicas must see it now (settle_queue)
+            await self._queue_of(ticket).send_now(ticket.model_group)
 
     async def async_log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
@@ -397,6 +407,8 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         self._queue_of(ticket).batch(ticket.model_group).add(
             ticket.window_start_ms, ticket.pool, -ticket.held_tokens, -1 if give_request_back else 0
         )
+        if ticket.on_prior:
+            await self._queue_of(ticket).send_now(ticket.model_group)
 
     async def _flush(self, model_group: str, batch: SettleBatch) -> bool:
         """Send one model group's pending settles (the settle queue's timer); ``False`` if not sent."""

@@ -227,7 +227,8 @@ class RedisAdmissionStore:
         raw, estimate = await self._runner.call("reading the admission window", read)
         if not raw:
             return None
-        values = {_text(k): int(_text(v)) for k, v in raw.items()}
+        # Counters are integers; ``g`` (the headroom taken, see the script) is not and is not shown.
+        values = {_text(k): int(float(_text(v))) for k, v in raw.items()}
         return _snapshot(values, window_ms, float(_text(estimate)) if estimate is not None else None)
 
 
