@@ -10,9 +10,22 @@ STAMP := $(VENV)/.installed-$(LITELLM_PIN)
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-faults test-compat test-compiled bench-compiled compiled lint demo bench redis-server wheel-smoke clean
+.PHONY: install test test-faults test-compat lock test-compiled bench-compiled compiled lint demo bench redis-server wheel-smoke clean
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+# LiteLLM's [proxy] extra, taken apart: from 1.109 it requires `litellm-proxy`, which this package index lacks,
+# and pins `litellm-enterprise` and `litellm-proxy-extras` releases newer than the index has (1.110.2 asks
+# 0.1.83.post1 and 0.4.114.post1; the newest here are 0.1.83 and 0.4.110), so `pip install 'litellm[proxy]'`
+# fails here. Every pin is installed the same way instead: litellm (through '.[dev]'), then the extra's other
+# requirements read from the installed litellm's metadata (.ci/proxy_extra_requirements.py), less
+# PROXY_EXTRA_LEAVE_OUT, with any version of PROXY_EXTRA_ANY_VERSION (the constraints file pins the release
+# that resolved here). On a LiteLLM whose pins the index has, this installs what litellm[proxy] installs.
+# (litellm-proxy-extras holds the database migrations: a proxy without a database, as tested here, never
+# imports it.)
+PROXY_EXTRA_LEAVE_OUT ?= litellm-proxy
+PROXY_EXTRA_ANY_VERSION ?= litellm-enterprise litellm-proxy-extras
+PROXY_EXTRA_ARGS = $(addprefix --leave-out ,$(PROXY_EXTRA_LEAVE_OUT)) $(addprefix --any-version ,$(PROXY_EXTRA_ANY_VERSION))
+
+$(STAMP): pyproject.toml $(CONSTRAINTS) .ci/proxy_extra_requirements.py
 	$(PYTHON) -m venv $(VENV)
 	# A pinned setuptools in the venv builds the package (no build isolation, which would take the newest
 	# release: its 'compat' editable mode is marked for removal) and `make compiled` (setup.py).
@@ -20,7 +33,9 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	# compat mode: a plain path entry, so `import litellm_ratebalance` works from any directory (the proxy
 	# imports callbacks with its config file's directory as the working directory).
 	$(PY) -m pip install -q -c $(CONSTRAINTS) --no-build-isolation --config-settings editable_mode=compat \
-	  -e '.[dev,proxy]'
+	  -e '.[dev]'
+	$(PY) .ci/proxy_extra_requirements.py $(PROXY_EXTRA_ARGS) > $(VENV)/litellm-proxy-extra.txt
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -r $(VENV)/litellm-proxy-extra.txt
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -55,10 +70,28 @@ test-faults: $(STAMP) redis-server
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-sentinel; }
 	$(PY) -m pytest -q -p no:cacheprovider -m faults $(PYTEST_ARGS)
 
-# The same suite against the newest LiteLLM whose [proxy] extra installs here, in its own venv.
-COMPAT_PIN ?= 1.108.5
+# The same suite on the other supported LiteLLM releases, each in its own venv (.venv-<pin>): the newest
+# installable here and the newest whose unsplit [proxy] extra still installs.
+COMPAT_PINS ?= 1.110.2 1.108.5
+# (every pin runs, then the target fails if any did)
 test-compat:
-	$(MAKE) test LITELLM_PIN=$(COMPAT_PIN) VENV=.venv-$(COMPAT_PIN)
+	@failed=""; for pin in $(COMPAT_PINS); do echo "== LiteLLM $$pin"; \
+	  $(MAKE) --no-print-directory test LITELLM_PIN=$$pin VENV=.venv-$$pin || failed="$$failed $$pin"; done; \
+	  if [ -n "$$failed" ]; then echo "test-compat failed on LiteLLM$$failed"; exit 1; fi
+
+# A constraints file from a fresh resolve: `make lock LITELLM_PIN=X` writes constraints/litellm-X.txt with
+# litellm==X, its [proxy] extra as `make install` takes it apart, and this package's dev extra, resolved
+# together in a scratch venv (build/lock-venv).
+LOCK_VENV := build/lock-venv
+lock:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip 'setuptools==84.2.1'
+	$(LOCK_VENV)/bin/python -m pip install -q --no-deps 'litellm==$(LITELLM_PIN)' packaging
+	$(LOCK_VENV)/bin/python .ci/proxy_extra_requirements.py $(PROXY_EXTRA_ARGS) > $(LOCK_VENV)/litellm-proxy-extra.txt
+	$(LOCK_VENV)/bin/python -m pip install -q --no-build-isolation -e '.[dev]' 'litellm==$(LITELLM_PIN)' \
+	  -r $(LOCK_VENV)/litellm-proxy-extra.txt
+	$(LOCK_VENV)/bin/python -m pip freeze --exclude-editable > constraints/litellm-$(LITELLM_PIN).txt
+	rm -rf $(LOCK_VENV)
 
 # The routing core compiled with mypyc (setup.py names the modules), in a copy of the tracked files (of
 # the source tree, less build outputs and venvs, outside a git checkout, e.g. an unpacked tarball): a
@@ -92,10 +125,11 @@ wheel-smoke: $(STAMP)
 	$(PY) .ci/wheel_smoke.py --constraints $(CONSTRAINTS) --litellm $(LITELLM_PIN)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check litellm_ratebalance tests bench setup.py .ci/wheel_smoke.py
-	$(VENV)/bin/ruff format --check litellm_ratebalance tests bench setup.py .ci/wheel_smoke.py
+	$(VENV)/bin/ruff check litellm_ratebalance tests bench setup.py .ci/wheel_smoke.py .ci/proxy_extra_requirements.py
+	$(VENV)/bin/ruff format --check litellm_ratebalance tests bench setup.py .ci/wheel_smoke.py \
+	  .ci/proxy_extra_requirements.py
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy .ci/wheel_smoke.py
+	$(VENV)/bin/mypy .ci/wheel_smoke.py .ci/proxy_extra_requirements.py
 
 # `make demo` runs on the embedded store; `make demo REPLICAS=2` adds a throwaway local redis-server and a
 # second proxy replica.

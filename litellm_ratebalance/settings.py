@@ -106,12 +106,15 @@ class RateBalanceSettings(SettingsModel):
     LiteLLM's own limiter does); 1/n keeps the total of n replicas at the limit."""
     fault_log_interval_seconds: Annotated[float, Field(ge=0.0, le=3600)] = 30.0
     store_timeout_seconds: Annotated[float, Field(ge=0.01, le=30)] = 0.5
-    """Upper bound on one store operation; past it the operation counts as a store fault."""
+    """How long Redis may take to answer one store operation, counted while this process's event loop was free
+    to read the answer (a loop stalled by a burst does not count), and at most max(10 x this, 5 s) of wall
+    time; past it the operation counts as a store fault (docs/redis.md)."""
     redis_max_connections: Annotated[int, Field(ge=1, le=100_000)] = 500
     """Connection pool size of the client made for ``redis_url`` (a burst waits for a free connection)."""
     store_retry_after_seconds: Annotated[float, Field(ge=0.0, le=300)] = 1.0
-    """After a store fault, operations fail at once (per the fail mode) for this long before Redis is
-    tried again, so a down Redis does not add its timeout to every request."""
+    """After a fault of Redis (a timeout, a connection or script error; not a busy process), operations fail
+    at once (per the fail mode) for this long before Redis is tried again, so a down Redis does not add its
+    timeout to every request."""
     limiter: LimiterSettings = Field(default_factory=LimiterSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     traffic_contracts: TrafficContractSettings = Field(default_factory=TrafficContractSettings)

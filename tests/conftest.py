@@ -23,7 +23,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore
 from tests.servers import (
-    EXACT_COUNT_TIMEOUT_SECONDS,
     NO_REDIS_SERVER,
     RedisServer,
     real_redis_required,
@@ -95,8 +94,8 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore | R
         yield MemoryStore(keys)
         return
     client = await _backend_client(request)
-    # The suite checks behaviour (exact counts under concurrent bursts), not latency.
-    yield RedisStore(client, keys, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
+    # Default store settings: exact counts under concurrent bursts must hold with what users get.
+    yield RedisStore(client, keys)
     await client.aclose()
 
 

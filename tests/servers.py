@@ -20,7 +20,6 @@ import pytest
 from litellm_ratebalance.demo.services import wait_until_redis_answers
 
 __all__ = [
-    "EXACT_COUNT_TIMEOUT_SECONDS",
     "NO_REDIS_SERVER",
     "REQUIRE_REDIS_SERVER_ENV",
     "RedisServer",
@@ -37,10 +36,6 @@ the store suites never fall back to fakeredis."""
 NO_REDIS_SERVER = "no real Redis:"
 """Start of the skip reason of every test skipped for want of a real redis-server (tests/conftest.py counts
 them by this prefix)."""
-
-EXACT_COUNT_TIMEOUT_SECONDS = 10.0
-"""Store timeout for tests of exact counts under concurrent bursts: they check behaviour, not latency, and on a
-loaded 2-core CI machine a burst can wait longer than the default 0.5 s for a connection (and then fail open)."""
 
 
 def free_port() -> int:

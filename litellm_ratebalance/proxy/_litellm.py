@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import random
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,10 +25,15 @@ __all__ = [
     "failure_exception",
     "forbid_router_retry",
     "general_setting",
+    "group_deployments",
+    "healthy_deployments",
     "is_fanout_lookup",
+    "is_listing_lookup",
+    "is_queue_lookup",
     "logged_deployment_id",
     "logged_response_cost",
     "narrow_like_router",
+    "own_sync_pick",
     "proxy_router",
     "rate_limit_exception",
     "request_auth",
@@ -35,10 +41,12 @@ __all__ = [
     "request_deployment_info",
     "request_metadata",
     "request_model_group",
+    "reset_routing_strategy",
     "response_deployment_id",
     "response_usage",
     "router_deployments",
     "service_unavailable",
+    "set_routing_strategy",
 ]
 
 
@@ -125,12 +133,38 @@ def is_fanout_lookup(messages: object) -> bool:
 
     File, batch and vector-store calls look up the healthy deployments with one placeholder message
     (``{"role": "user", "content": "files-api-fake-text"}`` and the like) and then use every one of them;
-    narrowing such a lookup to one deployment would break them.
+    narrowing such a lookup to one deployment would break them. The placeholders are the same from 1.106 to
+    1.110 (``litellm/router.py`` kept them up to 1.108, ``litellm/router_rust/invoke/endpoints.py`` from
+    1.110); ``tests/unit/test_litellm_surface.py`` finds them wherever the Router's source keeps them.
     """
     if not isinstance(messages, list) or len(messages) != 1 or not isinstance(messages[0], Mapping):
         return False
     content = messages[0].get("content")
     return isinstance(content, str) and content.endswith("-api-fake-text")
+
+
+def is_queue_lookup(messages: object, request_kwargs: Mapping[str, Any] | None) -> bool:
+    """True for the priority queue's look-up: not the request's pick, only "is any deployment healthy?".
+
+    From LiteLLM 1.110 a request sent with ``priority`` waits its turn in the Router's queue, which on every
+    poll lists the group's healthy deployments through the callbacks' ``async_filter_deployments`` (before
+    1.110 that look-up skipped the callbacks). It hands the filters no messages though the request it passes
+    carries them (``messages``; ``prompt`` for text completions), while the request's own pick, once its turn
+    comes, hands them its messages. A pick recorded there would count a request in flight that is never
+    sent; a refusal would be counted twice.
+    """
+    return (
+        messages is None
+        and isinstance(request_kwargs, Mapping)
+        and (request_kwargs.get("messages") is not None or request_kwargs.get("prompt") is not None)
+    )
+
+
+def is_listing_lookup(messages: object, request_kwargs: Mapping[str, Any] | None) -> bool:
+    """True when the Router's look-up of healthy deployments is not the pick of one for the request about to
+    be sent: a fan-out (:func:`is_fanout_lookup`) or the priority queue's look-up (:func:`is_queue_lookup`).
+    A callback's filter must then leave the list as it is and record nothing."""
+    return is_fanout_lookup(messages) or is_queue_lookup(messages, request_kwargs)
 
 
 def any_order(deployments: Sequence[Mapping[str, Any]]) -> bool:
@@ -147,7 +181,8 @@ def narrow_like_router(
 ) -> list[dict[str, Any]]:
     """The deployments that would survive the Router's own narrowing *after* the callbacks' filter.
 
-    ``Router.async_get_healthy_deployments`` runs ``async_filter_deployments`` and then keeps only the
+    The Router's healthy lookup (``async_get_healthy_deployments``; from 1.110 its core's selection, which
+    hands the filters the same control values) runs ``async_filter_deployments`` and then keeps only the
     deployments of the lowest ``order`` (or of the target order of an order fallback), drops the ones a
     weighted failover already tried, and (unless nothing would be left) the ones that refused this request
     in an earlier retry. A callback that picks one deployment must pick among these, or the Router would
@@ -185,11 +220,129 @@ def narrow_like_router(
 
 
 def router_deployments(router: Any) -> list[Mapping[str, Any]]:
-    """The Router's deployment dicts (``Router.model_list``); empty without a router."""
-    deployments = getattr(router, "model_list", None) if router is not None else None
+    """The Router's deployment dicts (``registry().all()`` from LiteLLM 1.110, ``model_list`` before it);
+    empty without a router."""
+    if router is None:
+        return []
+    registry = getattr(router, "registry", None)
+    deployments = registry().all() if callable(registry) else getattr(router, "model_list", None)
     if not isinstance(deployments, list):
         return []
     return [d for d in deployments if isinstance(d, Mapping)]
+
+
+def group_deployments(router: Any, model_group: str | None = None) -> list[Mapping[str, Any]]:
+    """The deployments the Router serves ``model_group`` with, the name resolved as the Router resolves it
+    (the group, its aliases, routing groups, then wildcard routes); every deployment when ``model_group`` is
+    None. ``registry().deployments(name)`` from LiteLLM 1.110, ``get_model_list(model_name=name)`` before."""
+    registry = getattr(router, "registry", None)
+    if callable(registry):
+        deployments = registry().deployments(model_group)
+    else:
+        deployments = router.get_model_list(model_name=model_group) if model_group else router.get_model_list()
+    return [d for d in deployments or () if isinstance(d, Mapping)]
+
+
+# -- the Router's routing entry points, by the name each LiteLLM version gives them -------------------------------
+# LiteLLM 1.110 renamed them (the old names still work there, with a DeprecationWarning on every call, and
+# are to be removed): a ``select`` method and ``register_plugin`` mark a Router that has the new ones.
+
+
+async def healthy_deployments(
+    router: Any,
+    model: str,
+    request_kwargs: dict[str, Any],
+    messages: Any = None,
+    input: Any = None,
+    specific_deployment: bool | None = False,
+) -> Any:
+    """The deployments a pick would choose among, after the Router's health and cooldown filtering and the
+    callbacks' ``async_filter_deployments`` (a list; a dict when ``specific_deployment`` names one).
+    ``select(model, request_kwargs, kind="healthy", ...)`` from LiteLLM 1.110, ``async_get_healthy_deployments``
+    before. Like the Router's own pick, it takes the narrowing keys (``_target_order`` ...) out of
+    ``request_kwargs``."""
+    select = getattr(router, "select", None)
+    if callable(select):
+        return await select(
+            model,
+            request_kwargs,
+            kind="healthy",
+            messages=messages,
+            input=input,
+            specific_deployment=specific_deployment,
+        )
+    return await router.async_get_healthy_deployments(
+        model=model,
+        request_kwargs=request_kwargs,
+        messages=messages,
+        input=input,
+        specific_deployment=specific_deployment,
+    )
+
+
+def set_routing_strategy(router: Any, strategy: Any) -> None:
+    """Make ``strategy`` (a ``CustomRoutingStrategyBase``) pick every deployment the Router routes to:
+    ``register_plugin`` from LiteLLM 1.110, ``set_custom_routing_strategy`` before."""
+    register = getattr(router, "register_plugin", None)
+    if callable(register):
+        register(strategy)
+    else:
+        router.set_custom_routing_strategy(strategy)
+
+
+def own_sync_pick(
+    router: Any,
+    model: str,
+    messages: Any = None,
+    input: Any = None,
+    specific_deployment: bool | None = False,
+    request_kwargs: dict[str, Any] | None = None,
+) -> Any:
+    """A deployment for one of the Router's synchronous calls while a custom strategy is set, picked without
+    that strategy (whose sync pick calls this).
+
+    Up to LiteLLM 1.108 the Router's class method is its own pick (health filtering, its configured
+    strategy). From 1.110 the Router's core sends every sync pick to the custom strategy and has no pick of
+    its own to fall back on: the deployments the Router serves the name with (the one whose id it is, for a
+    ``specific_deployment``), less those LiteLLM is cooling down (all of them when every one is), one at
+    random, as ``simple-shuffle`` picks. ``ValueError`` when the name matches no deployment.
+    """
+    if not callable(getattr(router, "register_plugin", None)):
+        return type(router).get_available_deployment(
+            router,
+            model=model,
+            messages=messages,
+            input=input,
+            specific_deployment=specific_deployment,
+            request_kwargs=request_kwargs,
+        )
+    if specific_deployment:
+        named = [d for d in router_deployments(router) if (deployment_model_info(d) or {}).get("id") == model]
+        if named:
+            return named[0]
+    deployments = group_deployments(router, model)
+    if not deployments:
+        raise ValueError(f"no deployment serves model {model!r}")
+    ids = [str((deployment_model_info(d) or {}).get("id")) for d in deployments]
+    cooling = {str(entry[0]) for entry in router.health().cooldowns.get_active_cooldowns(ids, None)}
+    healthy = [d for d, deployment_id in zip(deployments, ids, strict=True) if deployment_id not in cooling]
+    return random.choice(healthy or deployments)
+
+
+def reset_routing_strategy(router: Any) -> None:
+    """Give the Router its own routing strategy back after :func:`set_routing_strategy`.
+
+    Up to LiteLLM 1.108, ``set_custom_routing_strategy`` set the strategy's two pick methods on the Router
+    instance: removing them uncovers the class's, and the configured strategy keeps what it learnt. From
+    1.110 the Router's core holds the strategy and only ``routing_strategy_init`` drops it (as a change of
+    ``routing_strategy`` does): that builds the configured strategy anew, so its learnt state starts over.
+    """
+    if not callable(getattr(router, "register_plugin", None)):
+        for name in ("get_available_deployment", "async_get_available_deployment"):
+            vars(router).pop(name, None)
+        return
+    settings = router.settings()
+    router.routing_strategy_init(settings.routing_strategy, getattr(settings, "routing_strategy_args", None) or {})
 
 
 def deployment_model_info(deployment: object) -> Mapping[str, Any] | None:

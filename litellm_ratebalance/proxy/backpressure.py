@@ -187,7 +187,9 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
     ) -> list[Any]:
         try:
             ctx = self._context()
-            if ctx is None or not healthy_deployments:
+            if ctx is None or not healthy_deployments or _litellm.is_queue_lookup(messages, request_kwargs):
+                # (the priority queue only asks whether any deployment is healthy: the request's own pick,
+                # which follows, is the one to admit or refuse, and to count once)
                 return healthy_deployments
             candidates = [(d, ctx.deployment(_litellm.deployment_model_info(d), model)) for d in healthy_deployments]
             if all(state is None for _, state in candidates):

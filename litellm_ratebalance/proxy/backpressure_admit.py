@@ -28,7 +28,8 @@ from litellm_ratebalance.proxy.backpressure_metrics import observe_queue_wait, s
 from litellm_ratebalance.proxy.backpressure_refusals import MARK, queue_full, queue_timeout, refusal
 from litellm_ratebalance.proxy.cost import cost_meter
 from litellm_ratebalance.proxy.runtime import get_runtime
-from litellm_ratebalance.store.concurrency import LeaseRefusal
+from litellm_ratebalance.proxy.store_metrics import late_replies
+from litellm_ratebalance.store.concurrency import LeaseRefusal, LeaseResult
 
 __all__ = [
     "COMPONENT",
@@ -37,6 +38,7 @@ __all__ = [
     "refresh_counts",
     "release",
     "release_if_cancelled",
+    "release_late_lease",
     "sort_candidates",
     "taken_elsewhere",
 ]
@@ -102,6 +104,11 @@ async def _try_lease(
             meter=meter.start_mark(state.deployment_id),  # cost: the start mark rides on the acquire
         )
     except StoreError as exc:
+        if exc.late is not None:
+            # Timed out, maybe still taken in Redis: the request goes on unaccounted (or is refused), so a
+            # lease the late reply took is given back at once rather than left to lapse after its TTL.
+            late = exc.late
+            late.add_done_callback(lambda _: release_late_lease(late, state.deployment_id, lease_id))
         if runtime.faults.record(COMPONENT, exc, runtime.settings()):
             return None
         unavailable = runtime.faults.unavailable(COMPONENT)
@@ -120,6 +127,16 @@ async def _try_lease(
         return fresh
     # The store refused on counts our cached view does not show yet (another replica): say what it said.
     return store_refusal(fresh, result.refusal is LeaseRefusal.TOKENS, ctx.tiers.is_top(profile.rank))
+
+
+def release_late_lease(late: asyncio.Future[LeaseResult], deployment_id: str, lease_id: str) -> None:
+    """A timed-out lease acquire answered after all: release the lease it took, in the background (the request
+    went on without it, per the fail mode)."""
+    answered = not late.cancelled() and late.exception() is None
+    late_replies().labels(COMPONENT, "answered" if answered else "lost").inc()
+    if answered and late.result().acquired:
+        runtime = get_runtime()
+        runtime.spawn(runtime.store().lease_release(deployment_id, lease_id))
 
 
 async def wait_in_queue(ctx: Context, state: DeploymentState, profile: Profile, call_id: str) -> Lease | None:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from litellm_ratebalance.proxy import _litellm
+
 __all__ = ["DEFAULT_MAX_ENTRIES", "Capacity", "CapacityCache", "read_capacity"]
 
 DEFAULT_MAX_ENTRIES = 1024
@@ -48,7 +50,7 @@ def _positive_int(value: Any) -> int | None:
 
 def read_capacity(router: Any, model_group: str) -> Capacity:
     """Sum the deployments' limits; a group where no deployment sets a limit has none (``None``)."""
-    deployments = router.get_model_list(model_name=model_group) or []
+    deployments = _litellm.group_deployments(router, model_group)
     rpm_total = tpm_total = 0
     rpm_seen = tpm_seen = False
     for deployment in deployments:

@@ -57,6 +57,7 @@ from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
+from litellm_ratebalance.proxy.store_metrics import late_replies
 from litellm_ratebalance.proxy.tokens import actual_tokens, estimate_tokens, usage_of
 from litellm_ratebalance.settings import Settings
 
@@ -193,6 +194,7 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
             ["feature", "kind"],
         )
         self._latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
+        self._late_replies = late_replies()
 
     def _runtime(self) -> Runtime:
         return self._own_runtime if self._own_runtime is not None else get_runtime()
@@ -313,7 +315,11 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
                 reject_modes=derived.reject_modes,
             )
         except StoreError as exc:
-            if not runtime.faults.record(COMPONENT, exc, derived.fault_settings):
+            served = runtime.faults.record(COMPONENT, exc, derived.fault_settings)
+            if exc.late is not None:
+                late = exc.late
+                late.add_done_callback(lambda _: self._late_admission(late, feature, estimate, served=served))
+            if not served:
                 raise runtime.faults.unavailable(COMPONENT) from None
             self._requests.labels(feature, model, UNKNOWN_MODE, UNKNOWN_MODE).inc()
             _annotate(data, feature, UNKNOWN_MODE, UNKNOWN_MODE)
@@ -349,6 +355,19 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
             contracts.default_output_tokens,
             contracts.max_estimated_output_tokens,
         )
+
+    def _late_admission(
+        self, late: asyncio.Future[ContractAdmission | None], feature: str, estimate: int, *, served: bool
+    ) -> None:
+        """A timed-out admission answered after all. If it counted the request, its token estimate leaves
+        flight now: recorded as the request's usage when the request was served (fail open; its actual usage
+        is not tracked, as for a stream without usage), released when it was refused (503)."""
+        answered = not late.cancelled() and late.exception() is None
+        self._late_replies.labels(COMPONENT, "answered" if answered else "lost").inc()
+        admission = late.result() if answered else None
+        if admission is not None and admission.counted and estimate > 0:
+            ticket = _Ticket(feature, admission.window_start, estimate, 0.0)
+            self._spawn(self._settle(ticket, estimate, estimate if served else 0))
 
     def _record_usage(self, feature: str, admission: ContractAdmission) -> None:
         self._usage.labels(feature, "rpm").set(admission.feature_requests)

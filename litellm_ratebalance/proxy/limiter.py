@@ -11,7 +11,8 @@ One request's path:
 2. ``async_post_call_response_headers_hook``: the admission headers on the successful response.
 3. ``async_log_success_event``: the correction to the actual usage (and a sample for the learned output
    estimate) joins the model group's pending batch, with no store call of its own: the batch travels with
-   the next admission of that model group, or is flushed within 100 ms (:mod:`.settle_queue`).
+   the next admission of that model group, or is flushed within 100 ms (:mod:`.settle_queue`). A cold
+   start's corrections (reserved before anything was learned) are sent at once.
 4. ``async_post_call_failure_hook`` / ``async_log_failure_event``: give the token reservation back (and the
    request too when the failure came from a proxy hook, i.e. the provider never saw the request), queued
    the same way.
@@ -23,6 +24,7 @@ and a success after a failed attempt still records its usage.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -52,8 +54,10 @@ from litellm_ratebalance.proxy.identity import resolve_priority
 from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 from litellm_ratebalance.proxy.settle_queue import SettleQueue
+from litellm_ratebalance.proxy.store_metrics import late_replies
 from litellm_ratebalance.proxy.tokens import actual_tokens, prompt_tokens, requested_output_tokens, usage_of
 from litellm_ratebalance.settings import Settings
+from litellm_ratebalance.store.admission import AcquireResult
 from litellm_ratebalance.store.keys import escape_name
 
 __all__ = ["PriorityRateLimiter", "rate_limiter"]
@@ -114,6 +118,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             "admission_saturation", "Model-group saturation seen at the last decision", ["model_group"]
         )
         self._latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
+        self._late_replies = late_replies()
         self._estimate = metrics.gauge(
             "admission_output_estimate_tokens",
             "Learned output tokens a request of the model group reserves (before capping at max_tokens)",
@@ -209,7 +214,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         limits = self._limits(derived, capacity, priority)
         limiter_settings = derived.settings.ratebalance.limiter
         cost = _request_cost(requested_model, data, derived.settings, call_type) if capacity.tpm else RequestCost(0)
-        settles = self._settles.take(model_group)
+        settles = await self._settles.take_after_send(model_group)
         try:
             result = await runtime.store().acquire(
                 model_group,
@@ -220,7 +225,13 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
                 quantile=limiter_settings.output_estimate_quantile,
             )
         except StoreError as exc:
-            if settles is not None:
+            if exc.late is not None:
+                # Timed out, maybe still running in Redis: whatever it reserves is given back when it answers
+                # (the request goes on per the fail mode, uncounted or counted elsewhere), and the settles it
+                # carried are applied by it, not sent again.
+                pool = limits.pool
+                exc.late.add_done_callback(lambda late: self._give_back_late(model_group, pool, late))
+            elif settles is not None:
                 self._settles.put_back(model_group, settles, derived.window_ms)
             if not runtime.faults.record(COMPONENT, exc, derived.settings):
                 raise runtime.faults.unavailable(COMPONENT) from None
@@ -287,7 +298,14 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         expires_at = time.monotonic() + max(2 * derived.window_ms / 1000, _MIN_TICKET_SECONDS)
         ticket_id = self._tickets.open(
             AdmissionTicket(
-                model_group, limits.pool, result.window_start_ms, result.cost_tokens, expires_at, learn_beyond, local
+                model_group,
+                limits.pool,
+                result.window_start_ms,
+                result.cost_tokens,
+                expires_at,
+                learn_beyond,
+                local,
+                on_prior=cost.output_cap is not None and result.estimate is None,
             )
         )
         metadata = data.get("metadata")
@@ -340,6 +358,8 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         batch.add(ticket.window_start_ms, ticket.pool, used - ticket.held_tokens)
         if ticket.learn_beyond is not None:
             batch.learn(used - ticket.learn_beyond)
+        if ticket.on_prior:  # a cold start's correction: the other replicas must see it now (settle_queue)
+            await self._queue_of(ticket).send_now(ticket.model_group)
 
     async def async_log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
@@ -387,6 +407,8 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         self._queue_of(ticket).batch(ticket.model_group).add(
             ticket.window_start_ms, ticket.pool, -ticket.held_tokens, -1 if give_request_back else 0
         )
+        if ticket.on_prior:
+            await self._queue_of(ticket).send_now(ticket.model_group)
 
     async def _flush(self, model_group: str, batch: SettleBatch) -> bool:
         """Send one model group's pending settles (the settle queue's timer); ``False`` if not sent."""
@@ -398,11 +420,29 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             )
         except StoreError as exc:
             # Post-call: nothing to refuse any more; the batch waits for the next admission of its model
-            # group, and the fail mode only decides whether we warn.
-            self._settles.put_back(model_group, batch, derived.window_ms)
+            # group (unless the call timed out and may still apply it), and the fail mode only decides
+            # whether we warn.
+            if exc.late is not None:
+                exc.late.add_done_callback(self._late_outcome)
+            else:
+                self._settles.put_back(model_group, batch, derived.window_ms)
             runtime.faults.record(COMPONENT, exc, derived.settings)
             return False
         return True
+
+    def _give_back_late(self, model_group: str, pool: str, late: asyncio.Future[AcquireResult]) -> None:
+        """A timed-out admission answered after all: give back the request it reserved, with the next batch."""
+        if self._late_outcome(late) and (result := late.result()).admitted:
+            self._settles.batch(model_group).add(result.window_start_ms, pool, -result.cost_tokens, -1)
+
+    def _late_outcome(self, late: asyncio.Future[Any]) -> bool:
+        """Count a timed-out call's late outcome; True if Redis answered (what it carried was applied).
+
+        Without an answer (an error, or none within the late wait) its settles are lost as a batch of a
+        killed process would be: reservations stay as estimated until their window ends."""
+        answered = not late.cancelled() and late.exception() is None
+        self._late_replies.labels(COMPONENT, "answered" if answered else "lost").inc()
+        return answered
 
     async def _flush_local(self, model_group: str, batch: SettleBatch) -> bool:
         """Apply one model group's pending settles of ``fail_mode: local`` admissions to the local store."""

@@ -4,14 +4,16 @@
   ``router_settings.routing_strategy`` only takes LiteLLM's own names, so the pick happens in
   ``async_filter_deployments``, which the Router calls on every callback after its health-check and
   cooldown filtering: we narrow the healthy list to the one weighted pick. Whatever ``routing_strategy`` is
-  set then has a single deployment left (``simple-shuffle``, the default, costs least). Finished calls are
-  recorded from ``async_log_success_event`` / ``async_log_failure_event``.
+  set then has a single deployment left (``simple-shuffle``, the default, costs least). Look-ups that list
+  the healthy deployments without picking one for the request (file / batch fan-outs, the priority queue's
+  look-up: :func:`~litellm_ratebalance.proxy._litellm.is_listing_lookup`) are left as they are. Finished
+  calls are recorded from ``async_log_success_event`` / ``async_log_failure_event``.
 * SDK: :class:`RateBalancedRouting`, a ``CustomRoutingStrategyBase``, set the way LiteLLM documents
-  (``router.set_custom_routing_strategy(RateBalancedRouting(router))``, ``register_plugin`` where that is the
-  name) or with ``RateBalancedRouting(router).install()``, which does the same after checking the model list.
-  Either way every async pick makes sure its recorder is in ``litellm.callbacks``, so outcomes are recorded
-  from the first call. A custom strategy bypasses the Router's health and cooldown filtering, so it asks
-  ``router.async_get_healthy_deployments`` first.
+  (``router.register_plugin(RateBalancedRouting(router))`` from LiteLLM 1.110,
+  ``router.set_custom_routing_strategy(...)`` before) or with ``RateBalancedRouting(router).install()``, which
+  does the same after checking the model list. Either way every async pick makes sure its recorder is in
+  ``litellm.callbacks``, so outcomes are recorded from the first call. A custom strategy bypasses the Router's
+  health and cooldown filtering, so it asks the Router for the healthy deployments first.
 
 What the hooks read from LiteLLM's dicts (candidates, a request's size and id, a finished call's sample) is in
 :mod:`litellm_ratebalance.proxy.routing_calls`. What is a sample: a call that reached a deployment
@@ -253,7 +255,7 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
         self, model: str, healthy_deployments: list[Any], messages: Any, request_kwargs: dict[str, Any] | None
     ) -> list[Any]:
         try:
-            if len(healthy_deployments) < 2 or _litellm.is_fanout_lookup(messages):
+            if len(healthy_deployments) < 2 or _litellm.is_listing_lookup(messages, request_kwargs):
                 return healthy_deployments
             known = pool(healthy_deployments)
             if not known.mappings:
@@ -332,15 +334,18 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
     """Rate-balanced routing for SDK users of ``litellm.Router``::
 
         router = litellm.Router(model_list=...)
-        router.set_custom_routing_strategy(RateBalancedRouting(router))  # or RateBalancedRouting(router).install()
+        router.register_plugin(RateBalancedRouting(router))  # or RateBalancedRouting(router).install()
+        # (LiteLLM before 1.110: router.set_custom_routing_strategy(RateBalancedRouting(router)))
         # then: await router.acompletion(model="group", ...)
 
     The balancer learns from the outcome of every call it routed, whichever way it was set: each async pick
     first makes sure :attr:`recorder` is in ``litellm.callbacks`` (see :meth:`ensure_recorder`).
     ``settings`` / ``store`` default to those of ``runtime`` (the process runtime unless given:
     ``ratebalance.routing``, the configured Redis or the embedded store); ``balancer`` shares a core.
-    Async calls are balanced; the Router's synchronous calls fall back to its own strategy (LiteLLM runs
-    no async logging for them, so nothing would be recorded).
+    Async calls are balanced; the Router's synchronous calls are not (LiteLLM runs no async logging for
+    them, so nothing would be recorded): they fall back to the Router's own strategy, or from LiteLLM 1.110,
+    which keeps no pick of its own beside a custom strategy, to a random healthy deployment
+    (:func:`~litellm_ratebalance.proxy._litellm.own_sync_pick`).
     """
 
     def __init__(
@@ -371,12 +376,13 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
 
         Every async pick calls this before it returns its deployment: LiteLLM reads ``litellm.callbacks``
         when the call itself starts, after the pick, so the first call a strategy routes is recorded too.
-        Without it a strategy set only with ``set_custom_routing_strategy`` would count each pick in flight
-        and never learn its outcome. Idempotent (one entry however often it runs), and re-checked on each
-        pick, so a recorder dropped from the list, or a list replaced, is put back at the next pick. When it
-        adds the recorder it also says which build of the routing core runs (:func:`core_build`; logged once
-        per process), as the proxy callback does. Where LiteLLM refuses to add it (its ``MAX_CALLBACKS``
-        limit), a warning is logged and the same list is not asked again until its length changes."""
+        Without it a strategy set only with ``register_plugin`` (``set_custom_routing_strategy``) would count
+        each pick in flight and never learn its outcome. Idempotent (one entry however often it runs), and
+        re-checked on each pick, so a recorder dropped from the list, or a list replaced, is put back at the
+        next pick. When it adds the recorder it also says which build of the routing core runs
+        (:func:`core_build`; logged once per process), as the proxy callback does. Where LiteLLM refuses to add
+        it (its ``MAX_CALLBACKS`` limit), a warning is logged and the same list is not asked again until its
+        length changes."""
         callbacks = litellm.callbacks
         if self.recorder in callbacks:
             return True
@@ -400,26 +406,25 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         return True
 
     def install(self) -> RateBalancedRouting:
-        """Make this the router's strategy (``set_custom_routing_strategy``, or ``register_plugin`` where that
-        is the name) and register the recorder now (:meth:`ensure_recorder`); the first pick would do the
-        latter anyway.
+        """Make this the router's strategy (``register_plugin`` from LiteLLM 1.110, ``set_custom_routing_strategy``
+        before) and register the recorder now (:meth:`ensure_recorder`); the first pick would do the latter
+        anyway.
 
         Raises ``ValueError`` when the router's model list has a bad ``model_info.input_to_output_ratio``
         or ``model_info.slots`` (see :func:`model_info_problems`); set the LiteLLM way, such a value is
         logged as a warning and ignored instead."""
-        problems = model_info_problems(getattr(self.router, "model_list", None) or [])
+        problems = model_info_problems(_litellm.router_deployments(self.router))
         if problems:
             raise ValueError("; ".join(problems))
-        install = getattr(self.router, "set_custom_routing_strategy", None) or self.router.register_plugin
-        install(self)
+        _litellm.set_routing_strategy(self.router, self)
         self.ensure_recorder()
         return self
 
     def uninstall(self) -> None:
-        """Give the router its own strategy back and drop the recorder from ``litellm.callbacks``."""
-        for name in ("get_available_deployment", "async_get_available_deployment"):
-            # set_custom_routing_strategy set these on the instance; removing them uncovers the class's.
-            self.router.__dict__.pop(name, None)
+        """Give the router its own strategy back and drop the recorder from ``litellm.callbacks`` (from LiteLLM
+        1.110 the router's configured strategy is built anew: see
+        :func:`~litellm_ratebalance.proxy._litellm.reset_routing_strategy`)."""
+        _litellm.reset_routing_strategy(self.router)
         while self.recorder in litellm.callbacks:
             litellm.callbacks.remove(self.recorder)
 
@@ -431,9 +436,10 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         specific_deployment: bool | None = False,
         request_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        healthy = await self.router.async_get_healthy_deployments(
-            model=model,
-            request_kwargs=request_kwargs if request_kwargs is not None else {},
+        healthy = await _litellm.healthy_deployments(
+            self.router,
+            model,
+            request_kwargs if request_kwargs is not None else {},
             messages=messages,
             input=input,
             specific_deployment=specific_deployment,
@@ -462,10 +468,10 @@ class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         specific_deployment: bool | None = False,
         request_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        # The Router's own (class) implementation: health filtering and its configured strategy.
-        return type(self.router).get_available_deployment(  # type: ignore[no-any-return]
+        # Not balanced (see the class docstring): the Router's own pick where it has one.
+        return _litellm.own_sync_pick(  # type: ignore[no-any-return]
             self.router,
-            model=model,
+            model,
             messages=messages,
             input=input,
             specific_deployment=specific_deployment,

@@ -12,12 +12,13 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
-from litellm_ratebalance import metrics
-from litellm_ratebalance.errors import ConfigurationError, StoreError, redact, redact_url
+from litellm_ratebalance.errors import ConfigurationError, StoreError, StoreFault, redact, redact_url
 from litellm_ratebalance.proxy import _litellm
+from litellm_ratebalance.proxy.replica_report import report_forever
+from litellm_ratebalance.proxy.store_metrics import observe_loop_lag, store_call_observer, store_errors
 from litellm_ratebalance.settings import Settings, load_settings
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore, Store
 
@@ -40,9 +41,8 @@ class FaultPolicy:
         local: the caller decides against :meth:`Runtime.local_store`)."""
         mode = settings.ratebalance.fail_mode
         fail_open = mode != "closed"
-        metrics.counter(
-            "store_errors", "Store (Redis) operations that failed, by component and fail mode", ["component", "mode"]
-        ).labels(component, mode).inc()
+        cause = exc.cause.value if isinstance(exc, StoreError) else StoreFault.ERROR.value
+        store_errors().labels(component, mode, cause).inc()
         now = time.monotonic()
         interval = settings.ratebalance.fault_log_interval_seconds
         last = self._last_warning.get(component)
@@ -75,6 +75,19 @@ class Runtime:
         self._local_store: MemoryStore | None = None
         self._router: Any | None = None
         self.faults = FaultPolicy()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` in the background on the running loop, kept referenced until it ends (store
+        reconciliation after a request: nothing waits for it). Its failure is logged, never raised."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.warning("litellm_ratebalance: background store work failed: %s", redact(str(error)))
 
     # -- settings -------------------------------------------------------------------------------------
     def settings(self) -> Settings:
@@ -90,6 +103,7 @@ class Runtime:
             self._store = self._make_store(self.settings())
             if isinstance(self._store, RedisStore):
                 _spawn(warn_if_evictable(self._store))
+                _spawn(report_forever(self._store))
         return self._store
 
     def local_store(self) -> MemoryStore:
@@ -114,28 +128,39 @@ class Runtime:
             )
             client = aioredis.Redis(connection_pool=pool)
             logger.info("litellm_ratebalance: using the Redis at ratebalance.redis_url %s", redact_url(url))
-            return RedisStore(
-                client,
-                keys,
-                owns_client=True,
-                timeout_seconds=settings.ratebalance.store_timeout_seconds,
-                cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
-                max_connections=settings.ratebalance.redis_max_connections,
+            return self._observed(
+                RedisStore(
+                    client,
+                    keys,
+                    owns_client=True,
+                    timeout_seconds=settings.ratebalance.store_timeout_seconds,
+                    cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
+                    max_connections=settings.ratebalance.redis_max_connections,
+                    observer=store_call_observer(),
+                )
             )
         cache = _litellm.discover_redis_cache()
         if cache is not None:
             logger.info("litellm_ratebalance: using the proxy's Redis")
             # LiteLLM's own client keeps the auth, TLS, database and cluster settings of its Redis config;
             # the store's gate never lets more calls in flight than that client's pool (per node) allows.
-            return RedisStore(
-                cache.init_async_client,
-                keys,
-                timeout_seconds=settings.ratebalance.store_timeout_seconds,
-                cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
-                max_connections=settings.ratebalance.redis_max_connections,
+            return self._observed(
+                RedisStore(
+                    cache.init_async_client,
+                    keys,
+                    timeout_seconds=settings.ratebalance.store_timeout_seconds,
+                    cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
+                    max_connections=settings.ratebalance.redis_max_connections,
+                    observer=store_call_observer(),
+                )
             )
         logger.info("litellm_ratebalance: no Redis configured; using the embedded store (limits per process)")
         return MemoryStore(keys)
+
+    @staticmethod
+    def _observed(store: RedisStore) -> RedisStore:
+        observe_loop_lag(lambda: store.take_loop_lag("metrics"))
+        return store
 
     # -- router ---------------------------------------------------------------------------------------
     def router(self) -> Any | None:

@@ -12,10 +12,12 @@ change detection's state, the pickers' state); the modules that use each part sa
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
+from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import DeploymentState, Shares
 from litellm_ratebalance.routing.fits import LoadFit, SizeFit
@@ -224,8 +226,18 @@ async def sync(
         if not snapshot.written:
             keep_pending(view, deltas, {}, pending_since, clock(), settings.window_seconds)
         apply_snapshot(view, snapshot, settings, plan, clock())
-    except Exception:
-        keep_pending(view, deltas, limits, pending_since, clock(), settings.window_seconds)
+    except Exception as exc:
+        late = exc.late if isinstance(exc, StoreError) else None
+        if late is None:
+            keep_pending(view, deltas, limits, pending_since, clock(), settings.window_seconds)
+        else:
+            # Timed out: the write may still happen. Send the samples again only if Redis says it did not
+            # write them; without an answer they are dropped (statistics, not counts: a gap, never a double).
+            def after(done: asyncio.Future[RoutingSnapshot]) -> None:
+                if not done.cancelled() and done.exception() is None and not done.result().written:
+                    keep_pending(view, deltas, limits, pending_since, clock(), settings.window_seconds)
+
+            late.add_done_callback(after)
         raise
     finally:
         view.last_sync = clock()

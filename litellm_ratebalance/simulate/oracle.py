@@ -17,6 +17,7 @@ from typing import Any
 
 from litellm.types.router import CustomRoutingStrategyBase
 
+from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.simulate.mock_openai import (
     Behaviour,
     DeploymentSpec,
@@ -61,7 +62,9 @@ def expected_effective_rate(
 
 
 class OracleRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
-    """Install with ``router.set_custom_routing_strategy(OracleRouting(router, specs, epoch))``.
+    """Install with ``router.register_plugin(OracleRouting(router, specs, epoch))`` (LiteLLM 1.110+;
+    ``set_custom_routing_strategy`` before it: :func:`~litellm_ratebalance.proxy._litellm.set_routing_strategy`
+    takes either).
 
     Router deployments name their mock with ``model_info["mock_deployment"]``. The load driver calls
     :meth:`finished` with the ``metadata["bench_request_id"]`` it sent once a request is over (success or
@@ -125,7 +128,9 @@ class OracleRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
 
     def _pick(self, model: str, messages: Any, request_kwargs: dict[str, Any] | None) -> dict[str, Any]:
         kwargs = request_kwargs or {}
-        deployments = [d for d in self._router.model_list if d.get("model_name") == model]
+        deployments = [
+            d for d in _litellm.router_deployments(self._router) if isinstance(d, dict) and d.get("model_name") == model
+        ]
         prompt_tokens = estimate_prompt_tokens(messages)
         # The oracle knows the answer's true length (the prompt's tag, as the mock reads it).
         output_tokens, _ = answer_length(messages, kwargs.get("max_tokens"), 64)

@@ -47,7 +47,10 @@ JSON output (``--json``), schema 1; keys are stable, new keys may be added::
          "window_seconds": int, "window_start": int (s), "reset_seconds": int,
          "features": [{"feature": str, "requests": int, "rpm_limit": int|null, "tokens": int,
                        "tpm_limit": int|null, "rpm_mode": str, "tpm_mode": str}],
-         "basket": {same keys, "feature": "__basket__"}}}
+         "basket": {same keys, "feature": "__basket__"}},
+     "replicas": [{"replica": str (host:pid), "reported_ms": int, "interval_seconds": float,
+                   "store_calls": int, "store_call_max_seconds": float, "loop_lag_max_seconds": float,
+                   "store_errors": {cause: int}}]}    # every 10 s, from each proxy replica using Redis
 
 Contract modes are those the *next* request would get (one request, one token): ``normal``,
 ``borrowed`` (over its feature's contract) or ``degraded`` (the basket is full). Backpressure's adaptive

@@ -177,4 +177,5 @@ async def collect(
         key_prefix=settings.ratebalance.key_prefix,
         model_groups=tuple(groups),
         contracts=contracts,
+        replicas=tuple(await store.replica_health()),
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from litellm_ratebalance.errors import ConfigurationError
+from litellm_ratebalance.proxy._litellm import group_deployments
 from litellm_ratebalance.settings import Settings
 
 __all__ = ["ConfigDeployment", "ProxyConfig", "as_mapping", "config_deployments", "group_capacity", "load_proxy_config"]
@@ -90,7 +91,7 @@ def config_deployments(config: ProxyConfig) -> list[ConfigDeployment]:
 
     try:
         router = Router(model_list=copy.deepcopy(config.model_list))
-        deployments = router.get_model_list() or []
+        deployments = group_deployments(router)
     except Exception as exc:
         raise ConfigurationError(f"model_list: LiteLLM's Router refused it: {exc}") from None
     out: list[ConfigDeployment] = []

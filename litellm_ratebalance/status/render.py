@@ -114,6 +114,18 @@ def report_json(report: StatusReport) -> dict[str, Any]:
             "features": [line(c) for c in contracts.features],
             "basket": line(contracts.basket),
         },
+        "replicas": [
+            {
+                "replica": r.replica,
+                "reported_ms": r.reported_ms,
+                "interval_seconds": r.interval_seconds,
+                "store_calls": r.store_calls,
+                "store_call_max_seconds": r.store_call_max_seconds,
+                "loop_lag_max_seconds": r.loop_lag_max_seconds,
+                "store_errors": dict(r.store_errors),
+            }
+            for r in report.replicas
+        ],
     }
 
 
@@ -277,7 +289,34 @@ def format_table(report: StatusReport) -> str:
                 ],
             )
         )
+    lines.extend(_replica_lines(report))
     return "\n".join(lines) + "\n"
+
+
+def _replica_lines(report: StatusReport) -> list[str]:
+    if not report.replicas:
+        return ["", "replicas: none reported in the last 30 s (replicas report every 10 s once they use Redis)"]
+    lines = ["", f"replicas: {len(report.replicas)} reporting (store health over each one's last interval)"]
+    lines.extend(
+        _table(
+            ["replica", "age s", "store calls", "slowest s", "loop lag s", "store errors"],
+            [
+                [
+                    r.replica,
+                    f"{max(0, report.generated_at_ms - r.reported_ms) / 1000:.0f}",
+                    str(r.store_calls),
+                    f"{r.store_call_max_seconds:.3f}",
+                    f"{r.loop_lag_max_seconds:.3f}",
+                    ", ".join(f"{cause} {count}" for cause, count in sorted(r.store_errors.items())) or "none",
+                ]
+                for r in report.replicas
+            ],
+        )
+    )
+    lines.append(
+        "  a loop stall as long as the slowest call means the replica was busy, not Redis slow (docs/redis.md)"
+    )
+    return lines
 
 
 def dumps(report: StatusReport) -> str:

@@ -21,6 +21,7 @@ from litellm_ratebalance.settings import Settings
 from litellm_ratebalance.store.admission import AdmissionSnapshot
 from litellm_ratebalance.store.contracts import ContractWindow
 from litellm_ratebalance.store.keys import escape_name
+from litellm_ratebalance.store.replicas import ReplicaHealth
 
 __all__ = [
     "ConcurrencyRange",
@@ -159,6 +160,8 @@ class StatusReport:
     key_prefix: str
     model_groups: tuple[GroupStatus, ...]
     contracts: ContractsStatus | None
+    replicas: tuple[ReplicaHealth, ...] = ()
+    """The latest store-health report of each live proxy replica (by name)."""
 
 
 # -- pure figures ---------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ Around each call the runner adds what a shared Redis under bursts and restarts n
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -37,10 +36,21 @@ from typing import Any
 
 from redis.exceptions import AskError, ClusterError, MovedError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from litellm_ratebalance.errors import StoreError, redact
+from litellm_ratebalance.errors import StoreError, StoreFault, redact
+from litellm_ratebalance.store.loop_clock import LagWatermark, LoopStallClock, ResponsiveDeadline, StallTimeout
 
-__all__ = ["DEFAULT_MAX_IN_FLIGHT", "ScriptRunner", "load_lua"]
+__all__ = [
+    "DEFAULT_MAX_IN_FLIGHT",
+    "LATE_REPLY_SECONDS",
+    "CallObserver",
+    "CallTally",
+    "ScriptRunner",
+    "load_lua",
+    "map_late",
+    "wall_cap",
+]
 
 ASK_STATE_SECONDS = 2.0
 """After a script on a slot needed the ASK path, later scripts on that slot take it first for this long (a
@@ -56,6 +66,23 @@ try:
     from redis.exceptions import MaxConnectionsError as _POOL_EXHAUSTED
 except ImportError:  # redis-py before 6
     _POOL_EXHAUSTED = ()  # type: ignore[assignment,misc]
+
+
+LATE_REPLY_SECONDS = 30.0
+"""How long a store call that timed out may still run: its reply, if Redis sends one, is handed to the caller's
+reconciliation (a reservation to give back, a lease to release). A dead Redis's connection is then given up."""
+
+WALL_CAP_FACTOR = 10.0
+WALL_CAP_MIN_SECONDS = 5.0
+
+CallObserver = Callable[[StoreFault | None, float], None]
+"""Told of each store call: its fault (``None``: it succeeded) and its duration in seconds."""
+
+
+def wall_cap(timeout_seconds: float) -> float:
+    """The most a store call waits in wall-clock time, however much of it the event loop spent stalled:
+    ``max(10 x timeout, 5 s)``. Past it the call fails as :attr:`StoreFault.BUSY` (this process, not Redis)."""
+    return max(WALL_CAP_FACTOR * timeout_seconds, WALL_CAP_MIN_SECONDS)
 
 
 _INCLUDE = "--#include "
@@ -76,6 +103,60 @@ class _GateTimeout(Exception):
     """No free connection slot within the call's timeout (the process is busy; Redis is not down)."""
 
 
+class _CallTimeout(Exception):
+    """Redis did not answer within the deadline; ``late`` is the call, still running."""
+
+    def __init__(self, timeout: StallTimeout, late: asyncio.Task[Any]) -> None:
+        super().__init__(str(timeout))
+        self.timeout = timeout
+        self.late = late
+
+
+def map_late(late: asyncio.Future[Any] | None, decode: Callable[[Any], Any]) -> asyncio.Future[Any] | None:
+    """A future of ``decode(reply)`` for the late reply ``late`` (``None`` stays ``None``): how a store part
+    hands its callers a timed-out call's decoded outcome. Its exception, if any, never logs as unretrieved
+    (most callers of read-only operations ignore late replies)."""
+    if late is None:
+        return None
+    decoded: asyncio.Future[Any] = late.get_loop().create_future()
+
+    def relay(done: asyncio.Future[Any]) -> None:
+        if decoded.done():
+            return
+        if done.cancelled():
+            decoded.cancel()
+            return
+        error = done.exception()
+        if error is None:
+            try:
+                decoded.set_result(decode(done.result()))
+                return
+            except Exception as exc:  # a reply we cannot decode is an error like any other
+                error = exc
+        decoded.set_exception(error)
+        decoded.exception()  # marks it retrieved
+
+    late.add_done_callback(relay)
+    return decoded
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a late call's exception as seen (nobody may await it; asyncio would log it as never retrieved)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _fault_of(exc: BaseException) -> StoreFault:
+    if isinstance(exc, _POOL_EXHAUSTED):
+        return StoreFault.POOL
+    # Before OSError: TimeoutError is one (a socket timeout of the client's own).
+    if isinstance(exc, (TimeoutError, RedisTimeoutError)):
+        return StoreFault.TIMEOUT
+    if isinstance(exc, (RedisConnectionError, OSError)):
+        return StoreFault.CONNECTION
+    return StoreFault.ERROR
+
+
 @dataclass(slots=True)
 class _LoopState:
     """Per event loop: asyncio primitives bind to the loop that first waits on them."""
@@ -83,7 +164,25 @@ class _LoopState:
     loop: asyncio.AbstractEventLoop
     gate: asyncio.Semaphore
     limit: int
+    clock: LoopStallClock
     init_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lag_readers: dict[str, LagWatermark] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CallTally:
+    """Store calls over an interval: how many, the slowest, and the faults by cause."""
+
+    calls: int = 0
+    slowest_seconds: float = 0.0
+    faults: dict[str, int] = field(default_factory=dict)
+
+    def add(self, fault: StoreFault | None, seconds: float) -> None:
+        self.calls += 1
+        if seconds > self.slowest_seconds:
+            self.slowest_seconds = seconds
+        if fault is not None:
+            self.faults[fault.value] = self.faults.get(fault.value, 0) + 1
 
 
 class ScriptRunner:
@@ -99,10 +198,14 @@ class ScriptRunner:
         "_client",
         "_cooldown",
         "_initialized",
+        "_late_reply_seconds",
         "_max_in_flight",
+        "_observer",
         "_scripts",
         "_state",
+        "_tally",
         "_timeout",
+        "_wall_cap",
     )
 
     def __init__(
@@ -112,19 +215,29 @@ class ScriptRunner:
         timeout_seconds: float = 0.5,
         cooldown_seconds: float = 1.0,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        late_reply_seconds: float = LATE_REPLY_SECONDS,
+        observer: CallObserver | None = None,
     ) -> None:
-        """``timeout_seconds`` bounds the wait for a connection slot (only when all are busy) and, separately,
-        the call itself (connect, retries and reply included); ``cooldown_seconds``: after a failure, calls
-        fail at once for that long instead of each waiting for Redis again (a circuit breaker: a down Redis
-        must not add its timeout to every request); ``max_in_flight``: at most this many calls at once per
-        event loop, and never more than the client's pool allows (per node for a cluster)."""
+        """``timeout_seconds``: how long Redis may take to answer, counted while this process's event loop
+        was free to read the answer (:mod:`.loop_clock`), and never more than :func:`wall_cap` in all; it
+        bounds the wait for a connection slot (only when all are busy) and the call together.
+        ``cooldown_seconds``: after a fault of Redis (not of this process), calls fail at once for that
+        long instead of each waiting for Redis again (a circuit breaker: a down Redis must not add its
+        timeout to every request). ``max_in_flight``: at most this many calls at once per event loop, and
+        never more than the client's pool allows (per node for a cluster). ``late_reply_seconds``: how
+        long a call that timed out may still run for its late reply before it is cancelled. ``observer``
+        is told of every call's outcome (``None`` or its fault) and duration."""
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         # A callable is asked for the client at each call: LiteLLM may replace its cached client.
         self._client = client
         self._scripts: dict[str, Any] = {}
         self._timeout = timeout_seconds
+        self._wall_cap = wall_cap(timeout_seconds)
         self._cooldown = cooldown_seconds
+        self._late_reply_seconds = late_reply_seconds
+        self._observer = observer
+        self._tally = CallTally()
         self._broken_until = 0.0
         self._max_in_flight = max_in_flight
         self._state: _LoopState | None = None
@@ -166,26 +279,57 @@ class ScriptRunner:
     async def call(self, what: str, operation: Callable[[Any], Awaitable[Any]], *, probe: bool = False) -> Any:
         """Run ``operation(client)`` with the gate, cluster initialisation, timeout, breaker and error
         mapping of :meth:`run` (for a plain command such as ``HGETALL``); ``what`` names it in errors.
-        A ``probe`` (a health check) is sent even while the breaker is open; its success closes it."""
+        A ``probe`` (a health check) is sent even while the breaker is open; its success closes it.
+
+        The timeout counts responsive time only (see :mod:`.loop_clock`): a reply this process was too busy
+        to read is waited for, up to the wall-clock cap. A call that times out is not cancelled: the
+        :class:`StoreError` carries it as ``late``, whose result is the reply if one comes within
+        ``late_reply_seconds`` (what the script did in Redis, for the caller to reconcile)."""
         if not probe and self._broken_until and time.monotonic() < self._broken_until:
-            raise StoreError(f"{what} skipped: Redis failed less than {self._cooldown:g}s ago")
+            raise StoreError(
+                f"{what} skipped: Redis failed less than {self._cooldown:g}s ago", cause=StoreFault.BREAKER
+            )
         client: Any = None
+        started = time.perf_counter()
         try:
             client = self.client
-            reply = await self._gated(client, operation)
-        except _GateTimeout:
+            state = self._loop_state(client)
+            deadline = ResponsiveDeadline(state.clock, self._timeout, self._wall_cap)
+            reply = await self._gated(client, state, deadline, operation)
+        except _GateTimeout as exc:
             # Every connection slot stayed busy for the whole timeout: this process is overloaded, Redis is
             # not down, so fail this call only (no breaker).
-            raise StoreError(f"{what} failed: no free Redis connection within {self._timeout:g}s") from None
+            self._observe(StoreFault.POOL, started)
+            raise StoreError(
+                f"{what} failed: no free Redis connection within {self._timeout:g}s", cause=StoreFault.POOL
+            ) from exc.__cause__
+        except _CallTimeout as exc:
+            busy = exc.timeout.busy
+            cause = StoreFault.BUSY if busy else StoreFault.TIMEOUT
+            if not busy:
+                # Redis did not answer within the timeout while this process was free to read the answer.
+                self._broken_until = time.monotonic() + self._cooldown
+            self._observe(cause, started)
+            raise StoreError(f"{what} failed: {exc.timeout}", cause=cause, late=exc.late) from exc.timeout
         except Exception as exc:
-            if not isinstance(exc, _POOL_EXHAUSTED):
+            cause = _fault_of(exc)
+            if cause is not StoreFault.POOL:
                 # A busy client (its pool exhausted) is not a down Redis: only other faults open the breaker.
                 self._broken_until = time.monotonic() + self._cooldown
             if client is not None and isinstance(exc, (RedisConnectionError, OSError)):
                 await _drop_stale_connections(client)
-            raise StoreError(f"{what} failed: {type(exc).__name__}: {_safe(exc)}") from exc
+            self._observe(cause, started)
+            raise StoreError(f"{what} failed: {type(exc).__name__}: {_safe(exc)}", cause=cause) from exc
         self._broken_until = 0.0
+        self._observe(None, started)
         return reply
+
+    def _observe(self, fault: StoreFault | None, started: float) -> None:
+        seconds = time.perf_counter() - started
+        self._tally.add(fault, seconds)
+        observer = self._observer
+        if observer is not None:
+            observer(fault, seconds)
 
     def _script(self, client: Any, name: str) -> Any:
         script = self._scripts.get(name)
@@ -194,20 +338,64 @@ class ScriptRunner:
             self._scripts[name] = script
         return script
 
-    async def _gated(self, client: Any, operation: Callable[[Any], Awaitable[Any]]) -> Any:
-        gate = self._loop_state(client).gate
+    async def _gated(
+        self,
+        client: Any,
+        state: _LoopState,
+        deadline: ResponsiveDeadline,
+        operation: Callable[[Any], Awaitable[Any]],
+    ) -> Any:
+        gate = state.gate
         if gate.locked():
-            # Every slot is busy: wait for one, at most the timeout (then the call gets its own timeout).
+            # Every slot is busy: wait for one, within the call's deadline.
+            acquiring = asyncio.ensure_future(gate.acquire())
             try:
-                await asyncio.wait_for(gate.acquire(), self._timeout)
-            except asyncio.TimeoutError:
-                raise _GateTimeout from None
+                await deadline.wait(acquiring)
+            except StallTimeout as exc:
+                acquiring.cancel()
+                if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
+                    gate.release()  # acquired in the same iteration the deadline ran out
+                raise _GateTimeout from exc
         else:
             await gate.acquire()  # a free slot: returns at once
+        # The call runs in a task of its own that keeps its gate slot until Redis answers: if the deadline
+        # runs out first, the caller goes on (per its fail mode) and the task is kept as the late reply.
+        reply: asyncio.Future[Any] = state.loop.create_future()
+        call = state.loop.create_task(self._call_then_release(client, operation, gate, reply))
+        alarm = deadline.arm(reply)
         try:
-            return await _within(self._ready_then(client, operation), self._timeout)
+            return await reply
+        except StallTimeout as exc:
+            call.add_done_callback(_retrieve)
+            state.loop.call_later(self._late_reply_seconds, call.cancel)
+            raise _CallTimeout(exc, call) from None
+        finally:
+            alarm.cancel()
+
+    async def _call_then_release(
+        self,
+        client: Any,
+        operation: Callable[[Any], Awaitable[Any]],
+        gate: asyncio.Semaphore,
+        reply: asyncio.Future[Any],
+    ) -> Any:
+        """Run the call and hand its outcome to ``reply``; once the caller stopped waiting (``reply`` failed with
+        the timeout), the outcome is this task's own: the late reply."""
+        try:
+            result = await self._ready_then(client, operation)
+        except BaseException as exc:
+            if reply.done():
+                raise  # late: the error is the late outcome
+            if isinstance(exc, asyncio.CancelledError):
+                reply.cancel()
+                raise
+            reply.set_exception(exc)  # the caller has it; the task itself ends quietly
+            return None
         finally:
             gate.release()
+        if not reply.done():
+            reply.set_result(result)
+        return result
 
     async def _ready_then(self, client: Any, operation: Callable[[Any], Awaitable[Any]]) -> Any:
         if _is_cluster(client) and (client is not self._initialized or getattr(client, "_initialize", False)):
@@ -227,26 +415,32 @@ class ScriptRunner:
         state = self._state
         if state is None or state.loop is not loop:
             limit = min(self._max_in_flight, _pool_limit(client) or self._max_in_flight)
-            state = _LoopState(loop=loop, gate=asyncio.Semaphore(limit), limit=limit)
+            if state is not None:
+                state.clock.close()
+            state = _LoopState(loop=loop, gate=asyncio.Semaphore(limit), limit=limit, clock=LoopStallClock(loop))
             self._state = state
         return state
+
+    def take_loop_lag(self, reader: str) -> float:
+        """The longest event-loop stall since ``reader`` last asked (each reader sees each stall once; 0
+        before the first store call)."""
+        state = self._state
+        if state is None:
+            return 0.0
+        mark = state.lag_readers.get(reader)
+        if mark is None:
+            mark = state.lag_readers[reader] = state.clock.watermark()
+        return mark.take()
+
+    def take_tally(self) -> CallTally:
+        """What the calls since the last take came to (for the replica report), and start over."""
+        tally, self._tally = self._tally, CallTally()
+        return tally
 
     @property
     def max_in_flight(self) -> int | None:
         """The gate's size on the current loop (``None`` before the first call)."""
         return None if self._state is None else self._state.limit
-
-
-if sys.version_info >= (3, 11):
-
-    async def _within(operation: Awaitable[Any], seconds: float) -> Any:
-        """Await ``operation`` for at most ``seconds`` (TimeoutError past it), in the caller's task: unlike
-        ``wait_for`` before Python 3.12, no task of its own per store call."""
-        async with asyncio.timeout(seconds):
-            return await operation
-
-else:  # pragma: no cover - Python 3.10
-    _within = asyncio.wait_for
 
 
 def _is_cluster(client: Any) -> bool:

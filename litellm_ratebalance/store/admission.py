@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from litellm_ratebalance.admission.estimate import DECAY_AT_SAMPLES, SettleBatch
 from litellm_ratebalance.admission.ledger import HEADROOM_CAP, HEADROOM_WEIGHT, AdmissionLedger, RequestCost
@@ -30,7 +30,8 @@ from litellm_ratebalance.admission.policy import (
     WindowCounters,
     protected_room,
 )
-from litellm_ratebalance.store._scripts import ScriptRunner
+from litellm_ratebalance.errors import StoreError
+from litellm_ratebalance.store._scripts import ScriptRunner, map_late
 from litellm_ratebalance.store.keys import KeySpace
 
 __all__ = [
@@ -198,23 +199,14 @@ class RedisAdmissionStore:
             _settles_arg(settles),
             _samples_arg(settles),
         ]
-        reply = await self._runner.run("admission_acquire", self._admission_keys(model_group), args)
-        admitted, reason, now, start, req, tok, preq, ptok, sat, strict, held_r, held_t, spent, estimate, room = reply
-        return AcquireResult(
-            admitted=bool(int(admitted)),
-            reason=RejectReason(int(reason)),
-            now_ms=int(now),
-            window_start_ms=int(start),
-            window_end_ms=int(start) + window_ms,
-            counters=WindowCounters(int(req), int(tok), int(preq), int(ptok)),
-            saturation=float(sat),
-            strict=bool(int(strict)),
-            held_requests=float(held_r),
-            held_tokens=float(held_t),
-            cost_tokens=int(spent),
-            estimate=float(estimate) if estimate not in (b"", "") else None,
-            headroom=float(room),
-        )
+        try:
+            reply = await self._runner.run("admission_acquire", self._admission_keys(model_group), args)
+        except StoreError as exc:
+            # Timed out: the script may still run (settles applied, a request reserved). The caller reconciles
+            # from the late outcome, decoded like a reply in time.
+            exc.late = map_late(exc.late, lambda late_reply: _acquire_result(late_reply, window_ms))
+            raise
+        return _acquire_result(reply, window_ms)
 
     async def flush(self, model_group: str, settles: SettleBatch, *, quantile: float | None = DEFAULT_QUANTILE) -> None:
         if not settles:
@@ -235,12 +227,33 @@ class RedisAdmissionStore:
         raw, estimate = await self._runner.call("reading the admission window", read)
         if not raw:
             return None
-        values = {_text(k): int(_text(v)) for k, v in raw.items()}
+        # Counters are integers; ``g`` (the headroom taken, see the script) is not and is not shown.
+        values = {_text(k): int(float(_text(v))) for k, v in raw.items()}
         return _snapshot(values, window_ms, float(_text(estimate)) if estimate is not None else None)
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _acquire_result(reply: list[Any], window_ms: int) -> AcquireResult:
+    """Decode ``admission_acquire``'s reply to a decision (see the script's header for its fields)."""
+    admitted, reason, now, start, req, tok, preq, ptok, sat, strict, held_r, held_t, spent, estimate, room = reply
+    return AcquireResult(
+        admitted=bool(int(admitted)),
+        reason=RejectReason(int(reason)),
+        now_ms=int(now),
+        window_start_ms=int(start),
+        window_end_ms=int(start) + window_ms,
+        counters=WindowCounters(int(req), int(tok), int(preq), int(ptok)),
+        saturation=float(sat),
+        strict=bool(int(strict)),
+        held_requests=float(held_r),
+        held_tokens=float(held_t),
+        cost_tokens=int(spent),
+        estimate=float(estimate) if estimate not in (b"", "") else None,
+        headroom=float(room),
+    )
 
 
 def _snapshot(values: dict[str, int], window_ms: int, estimate: float | None) -> AdmissionSnapshot:

@@ -25,9 +25,10 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Protocol
+from typing import Any, Protocol
 
-from litellm_ratebalance.store._scripts import ScriptRunner
+from litellm_ratebalance.errors import StoreError
+from litellm_ratebalance.store._scripts import ScriptRunner, map_late
 from litellm_ratebalance.store.keys import KeySpace
 from litellm_ratebalance.store.metering import CostMark, MemorySharing, MeterEnd, MeterStart
 
@@ -107,6 +108,13 @@ def _check_ttl(ttl_ms: int) -> int:
     return int(ttl_ms)
 
 
+def _lease_result(reply: list[Any]) -> LeaseResult:
+    """Decode ``concurrency_acquire``'s reply (see the script's header)."""
+    acquired, refusal, inflight, tokens, now = reply[:5]
+    mark = CostMark.from_script(reply[5:8], int(now)) if len(reply) >= 8 else None
+    return LeaseResult(bool(int(acquired)), LeaseRefusal(int(refusal)), int(inflight), int(tokens), int(now), mark)
+
+
 class RedisConcurrencyStore:
     """Leases over Redis: ``concurrency_acquire|release|renew.lua`` on two keys of one hash tag."""
 
@@ -131,21 +139,24 @@ class RedisConcurrencyStore:
         token_cap: int | None = None,
         meter: MeterStart | None = None,
     ) -> LeaseResult:
-        reply = await self._runner.run(
-            "concurrency_acquire",
-            self._lease_keys(deployment_id, meter is not None),
-            [
-                _check_lease_id(lease_id),
-                int(slot_cap),
-                _check_ttl(ttl_ms),
-                max(0, int(cost_tokens)),
-                -1 if token_cap is None else max(0, int(token_cap)),
-                *(meter.script_args() if meter is not None else ()),
-            ],
-        )
-        acquired, refusal, inflight, tokens, now = reply[:5]
-        mark = CostMark.from_script(reply[5:8], int(now)) if len(reply) >= 8 else None
-        return LeaseResult(bool(int(acquired)), LeaseRefusal(int(refusal)), int(inflight), int(tokens), int(now), mark)
+        try:
+            reply = await self._runner.run(
+                "concurrency_acquire",
+                self._lease_keys(deployment_id, meter is not None),
+                [
+                    _check_lease_id(lease_id),
+                    int(slot_cap),
+                    _check_ttl(ttl_ms),
+                    max(0, int(cost_tokens)),
+                    -1 if token_cap is None else max(0, int(token_cap)),
+                    *(meter.script_args() if meter is not None else ()),
+                ],
+            )
+        except StoreError as exc:
+            # Timed out: the lease may still be taken; the caller releases it from the late outcome.
+            exc.late = map_late(exc.late, _lease_result)
+            raise
+        return _lease_result(reply)
 
     async def lease_release(
         self, deployment_id: str, lease_id: str, meter: MeterEnd | None = None

@@ -38,7 +38,7 @@ from litellm_ratebalance.contracts.policy import (
 )
 from litellm_ratebalance.contracts.policy import window_start as window_start_of
 from litellm_ratebalance.errors import StoreError
-from litellm_ratebalance.store._scripts import ScriptRunner
+from litellm_ratebalance.store._scripts import ScriptRunner, map_late
 from litellm_ratebalance.store.keys import KeySpace
 
 __all__ = [
@@ -95,6 +95,25 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _contract_admission(reply: list[Any], window_seconds: int) -> ContractAdmission | None:
+    """Decode ``contract_admit``'s reply; ``None`` when it wrote nothing (not the current window)."""
+    if int(reply[0]) != 1:
+        return None
+    rpm_mode, tpm_mode, counted, f_req, b_req, f_tok, b_tok = (int(v) for v in reply[3:10])
+    return ContractAdmission(
+        now_ms=int(reply[1]),
+        window_start=int(reply[2]),
+        window_seconds=window_seconds,
+        rpm_mode=Mode(rpm_mode),
+        tpm_mode=Mode(tpm_mode),
+        counted=bool(counted),
+        feature_requests=f_req,
+        basket_requests=b_req,
+        feature_tokens=f_tok,
+        basket_tokens=b_tok,
+    )
+
+
 def _window_from_hashes(start: int, rpm: dict[Any, Any], tpm: dict[Any, Any]) -> ContractWindow | None:
     if not rpm and not tpm:
         return None
@@ -148,23 +167,18 @@ class RedisContractStore:
                 1 if Mode.DEGRADED in reject_modes else 0,
             ]
             keys = [self._keys.contract_window("rpm", start), self._keys.contract_window("tpm", start)]
-            reply = await self._runner.run("contract_admit", keys, args)
+            try:
+                reply = await self._runner.run("contract_admit", keys, args)
+            except StoreError as exc:
+                # Timed out: the script may still count the request; the caller reconciles from the late
+                # outcome (None: nothing was written, the window was not the current one).
+                exc.late = map_late(exc.late, lambda late_reply: _contract_admission(late_reply, window_seconds))
+                raise
             now_ms, server_start = int(reply[1]), int(reply[2])
             self._contract_clock_offset_ms = now_ms - int(time.time() * 1000)
-            if int(reply[0]) == 1:
-                rpm_mode, tpm_mode, counted, f_req, b_req, f_tok, b_tok = (int(v) for v in reply[3:10])
-                return ContractAdmission(
-                    now_ms=now_ms,
-                    window_start=server_start,
-                    window_seconds=window_seconds,
-                    rpm_mode=Mode(rpm_mode),
-                    tpm_mode=Mode(tpm_mode),
-                    counted=bool(counted),
-                    feature_requests=f_req,
-                    basket_requests=b_req,
-                    feature_tokens=f_tok,
-                    basket_tokens=b_tok,
-                )
+            admission = _contract_admission(reply, window_seconds)
+            if admission is not None:
+                return admission
             start = server_start  # our guess was another window: retry on the one Redis says is current
         raise StoreError("traffic contract window kept moving between attempts (clock skew?)")
 

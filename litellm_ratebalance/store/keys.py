@@ -105,6 +105,12 @@ class KeySpace:
         which the cost scripts read to count the requests in flight."""
         return f"{self.concurrency_tag(deployment_id)}:cost"
 
+    # -- replica health -----------------------------------------------------------------------------
+    def replica_keys(self) -> list[str]:
+        """The sorted set of live replicas and the hash of their reports (one hash tag)."""
+        tag = f"{self.prefix}:{{replicas}}"
+        return [f"{tag}:seen", f"{tag}:reports"]
+
     @staticmethod
     def field(name: str) -> str:
         """Escape a user-supplied name for use as a hash field (see :func:`escape_name`)."""

@@ -11,6 +11,7 @@ from litellm_ratebalance.store.concurrency import MemoryConcurrencyStore
 from litellm_ratebalance.store.contracts import MemoryContractStore
 from litellm_ratebalance.store.cost import MemoryCostStore
 from litellm_ratebalance.store.keys import KeySpace
+from litellm_ratebalance.store.replicas import MemoryReplicaStore
 from litellm_ratebalance.store.routing import MemoryRoutingStore
 from litellm_ratebalance.store.signals import MemorySignalStore
 
@@ -23,6 +24,7 @@ class MemoryStore(
     MemoryContractStore,
     MemoryConcurrencyStore,
     MemoryCostStore,
+    MemoryReplicaStore,
     MemorySignalStore,
 ):
     """The store in this process's memory: one proxy process, same semantics as Redis.
@@ -41,6 +43,7 @@ class MemoryStore(
         self._init_routing()
         self._init_contracts()
         self._init_concurrency()
+        self._init_replicas()
         self._init_signals()
 
     async def ping(self) -> None:

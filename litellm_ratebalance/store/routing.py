@@ -27,8 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.routing_records import RateAggregate, RateLimitObservation
-from litellm_ratebalance.store._scripts import ScriptRunner
+from litellm_ratebalance.store._scripts import ScriptRunner, map_late
 from litellm_ratebalance.store.keys import KeySpace
 
 __all__ = ["MAX_SYNC_BUCKETS", "MemoryRoutingStore", "RedisRoutingStore", "RoutingSnapshot", "RoutingStore"]
@@ -218,15 +219,26 @@ class RedisRoutingStore:
             *_delta_args(self._keys, deltas),
             *_limit_args(self._keys, limits),
         ]
-        reply = await self._runner.run("routing_sync", keys, args)
-        now_ms, written = int(reply[0]), bool(int(reply[1]))
-        buckets: dict[int, dict[str, RateAggregate]] = {}
-        for offset, flat in enumerate(reply[2:-1]):
-            if flat:
-                decoded = _decode_bucket(flat)
-                if decoded:
-                    buckets[first_bucket + offset] = decoded
-        return RoutingSnapshot(now_ms, written, first_bucket, last_bucket, buckets, _decode_limits(reply[-1]))
+        try:
+            reply = await self._runner.run("routing_sync", keys, args)
+        except StoreError as exc:
+            # Timed out: the samples may still be written; the caller decides from the late outcome whether to
+            # send them again.
+            exc.late = map_late(exc.late, lambda late_reply: _snapshot(late_reply, first_bucket, last_bucket))
+            raise
+        return _snapshot(reply, first_bucket, last_bucket)
+
+
+def _snapshot(reply: list[Any], first_bucket: int, last_bucket: int) -> RoutingSnapshot:
+    """Decode ``routing_sync``'s reply (see the script's header)."""
+    now_ms, written = int(reply[0]), bool(int(reply[1]))
+    buckets: dict[int, dict[str, RateAggregate]] = {}
+    for offset, flat in enumerate(reply[2:-1]):
+        if flat:
+            decoded = _decode_bucket(flat)
+            if decoded:
+                buckets[first_bucket + offset] = decoded
+    return RoutingSnapshot(now_ms, written, first_bucket, last_bucket, buckets, _decode_limits(reply[-1]))
 
 
 @dataclass(slots=True)

@@ -18,7 +18,6 @@ from litellm_ratebalance.store import KeySpace, RedisStore
 from tests.cluster.cluster import RedisClusterNodes, cluster_key_count, cluster_keys, fresh_cluster_client
 from tests.integration import contracts_support as contracts
 from tests.integration import limiter_support as limiter
-from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS
 
 pytestmark = [pytest.mark.cluster, pytest.mark.redis]
 
@@ -70,7 +69,7 @@ async def test_two_limiters_admit_exactly_rpm_in_every_model_group(redis_cluster
         # A generous per-call timeout: 240 calls at once on a shared 2-core machine can queue for a pooled
         # connection past the default 0.5 s, and a timed-out call fails open (uncounted) by design; this test
         # is about exact counting across masters, not about the timeout.
-        stores = [RedisStore(client, keys, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS) for client in clients]
+        stores = [RedisStore(client, keys) for client in clients]
         limiters = [limiter.make_limiter(store, router) for store in stores]
         # 40 concurrent requests per group, 240 in all, alternating between the two replicas.
         jobs = [(group, index) for group in GROUPS for index in range(40)]
@@ -133,10 +132,7 @@ async def test_two_contract_callbacks_get_exact_modes(redis_cluster: RedisCluste
     clients = await replica_clients(redis_cluster)
     try:
         keys = KeySpace("rbcluster")
-        callbacks = [
-            contracts.make_callback(RedisStore(client, keys, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS), settings)
-            for client in clients
-        ]
+        callbacks = [contracts.make_callback(RedisStore(client, keys), settings) for client in clients]
         datas = [contracts.request() for _ in range(100)]
         results = await asyncio.gather(
             *(contracts.call(callbacks[i % 2], data, contracts.auth("smart-window")) for i, data in enumerate(datas))
@@ -178,10 +174,7 @@ async def test_contract_rejections_hold_exactly_across_replicas(redis_cluster: R
     clients = await replica_clients(redis_cluster)
     try:
         keys = KeySpace("rbcluster")
-        callbacks = [
-            contracts.make_callback(RedisStore(client, keys, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS), settings)
-            for client in clients
-        ]
+        callbacks = [contracts.make_callback(RedisStore(client, keys), settings) for client in clients]
         results = await asyncio.gather(
             *(contracts.call(callbacks[i % 2], contracts.request(), contracts.auth("s2s")) for i in range(50))
         )
@@ -205,7 +198,7 @@ async def test_a_burst_beyond_the_default_pool_size_is_still_exact(redis_cluster
     get_client, client = litellm_cluster_client(redis_cluster)
     try:
         await client.initialize()  # only the pool size is under test here
-        store = RedisStore(get_client, KeySpace("rbcluster"), timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
+        store = RedisStore(get_client, KeySpace("rbcluster"))
         limiter_ = limiter.make_limiter(store, limiter.make_router(rpm=50))
         results = await asyncio.gather(*(limiter.call(limiter_, limiter.request(), limiter.auth()) for _ in range(150)))
         assert sum(refused is None for refused in results) == 50
@@ -220,7 +213,7 @@ async def test_a_first_burst_on_an_uninitialized_client_counts_exactly(redis_clu
     try:
         # Exactness under a lazy first connect is under test, not speed: the long timeout keeps a loaded machine
         # from failing calls open while the cluster client sets itself up.
-        store = RedisStore(get_client, KeySpace("rbcluster"), timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
+        store = RedisStore(get_client, KeySpace("rbcluster"))
         limiter_ = limiter.make_limiter(store, limiter.make_router(rpm=1000))
         results = await asyncio.gather(
             *(limiter.call(limiter_, limiter.request(), limiter.auth()) for _ in range(60)), return_exceptions=True

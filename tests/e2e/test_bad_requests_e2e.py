@@ -59,7 +59,6 @@ CONFIG: dict[str, Any] = {
         "priority_reservation": {"prod": 0.7, "dev": 0.3},
         "ratebalance": {
             "key_prefix": PREFIX,
-            "store_timeout_seconds": 5.0,  # counts are checked, not the fault policy (a slow call fails open)
             "limiter": {"max_reserved_output_tokens": MAX_RESERVED},
             "traffic_contracts": {
                 "window_seconds": CONTRACT_WINDOW_S,

@@ -24,7 +24,7 @@ CONFIG: dict[str, Any] = {
     "model_list": [mock_deployment("my-fake-model", tpm=60, mock_response="hello-world")],
     "litellm_settings": {
         "callbacks": ["litellm_ratebalance.rate_limiter"],
-        "ratebalance": {"key_prefix": "e2e-quick-start", "store_timeout_seconds": 5.0},
+        "ratebalance": {"key_prefix": "e2e-quick-start"},
     },
     "router_settings": {"num_retries": 0},
 }

@@ -49,9 +49,6 @@ def config(*, fail_closed: bool = False) -> dict[str, Any]:
     ratebalance: dict[str, Any] = {
         "key_prefix": PREFIX,
         "store_retry_after_seconds": RETRY_AFTER_S,
-        # Exact counts need every store call to finish: a cold burst of 100 on 2 busy cores can take longer
-        # than the 0.5 s default, which would (correctly) fail open and leave modes "unknown".
-        "store_timeout_seconds": 5.0,
         "fault_log_interval_seconds": 3600,
         "traffic_contracts": contracts,
     }

@@ -95,7 +95,14 @@ async def finish(callback: TrafficContractsCallback, data: dict[str, Any], total
 
 
 def sample(name: str, labels: dict[str, str]) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    """The value of series ``name`` with ``labels``, summed over the labels not given (e.g. every ``cause`` of
+    ``store_errors_total``); 0 when there is none."""
+    return sum(
+        s.value
+        for metric in REGISTRY.collect()
+        for s in metric.samples
+        if s.name == name and all(s.labels.get(key) == value for key, value in labels.items())
+    )
 
 
 def requests_total(feature: str, rpm_mode: str, tpm_mode: str, model: str = "m") -> float:

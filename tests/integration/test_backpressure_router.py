@@ -263,6 +263,38 @@ async def test_gpu_memory_through_nvml_sheds_the_low_tier(harness: Harness) -> N
     assert outcome(await call(router, "high", max_tokens=5)) == (503, "memory_pressure")
 
 
+async def test_a_request_in_litellms_priority_queue_is_refused_once(harness: Harness) -> None:
+    """A request sent with LiteLLM's own ``priority`` waits in the Router's queue, whose "any deployment
+    healthy?" lookup (LiteLLM 1.110+) runs the filter too: the refusal comes from the request's own pick and is
+    counted once."""
+    used = {"fraction": 0.50}
+    nvml = FakeNvml(total_bytes=1000, used_bytes=lambda: 1000 * used["fraction"])
+    router, callback, _ = await harness(
+        {"tiers": ["low", "high"], "signals": {"nvml": True}},
+        [ServerSpec(step_seconds=0.002)],
+        gpu_probe=NvmlProbe(module=nvml),
+    )
+    await callback.maintain_once()
+    assert outcome(await call(router, "low", max_tokens=5)) == (200, None)
+    used["fraction"] = 0.90
+    await callback.maintain_once()
+    labels = {"model_group": "local", "tier": "low", "reason": "memory_pressure"}
+    before = REGISTRY.get_sample_value("litellm_ratebalance_backpressure_refusals_total", labels) or 0.0
+    try:
+        result: Any = await router.acompletion(
+            model="local",
+            messages=[{"role": "user", "content": PROMPT}],
+            max_tokens=5,
+            metadata={"user_api_key_auth": auth("low")},
+            priority=0,
+        )
+    except Exception as exc:
+        result = exc
+    assert outcome(result) == (503, "memory_pressure")
+    after = REGISTRY.get_sample_value("litellm_ratebalance_backpressure_refusals_total", labels) or 0.0
+    assert after - before == 1
+
+
 async def test_absent_nvml_degrades_with_one_line(harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
     nvml = FakeNvml()
     nvml.fail_init = True

@@ -25,7 +25,7 @@ from tests.integration.contracts_support import (
     room_in_window,
     sample,
 )
-from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -43,10 +43,7 @@ async def _two_instances(redis_client: Any, url: str, contracts: dict[str, Any])
     """Two callbacks, each with its own RedisStore and connection pool, on the same server."""
     other = _client(url)
     keys = KeySpace("rbconc")
-    callbacks = [
-        make_callback(RedisStore(client, keys, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS), contracts)
-        for client in (redis_client, other)
-    ]
+    callbacks = [make_callback(RedisStore(client, keys), contracts) for client in (redis_client, other)]
     return other, callbacks
 
 
@@ -146,7 +143,7 @@ OUTAGE_CONTRACTS = {
 def _outage_callback(client: Any, **overrides: Any) -> TrafficContractsCallback:
     # A short circuit-breaker cool-down so the test runs fast. The outage is a kill (refused connections fail
     # at once), so the timeout only keeps slow calls on a loaded machine from failing open and losing counts.
-    store = RedisStore(client, KeySpace("rbout"), timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS, cooldown_seconds=0.2)
+    store = RedisStore(client, KeySpace("rbout"), cooldown_seconds=0.2)
     return make_callback(store, {**OUTAGE_CONTRACTS, **overrides})
 
 

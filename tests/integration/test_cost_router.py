@@ -29,6 +29,7 @@ from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.simulate.inference_server import InferenceServer, ServerSpec
 from litellm_ratebalance.store import MemoryStore
 from litellm_ratebalance.store.metering import MeterEnd
+from tests.integration.contracts_support import sample
 
 P = "litellm_ratebalance_"
 GPU_HOUR_USD = 7.2
@@ -44,7 +45,7 @@ DEV = UserAPIKeyAuth(token="k-cost-dev", metadata={"priority": "dev"})
 
 
 def value(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(P + name, labels) or 0.0
+    return sample(P + name, labels)
 
 
 @pytest.fixture

@@ -73,15 +73,15 @@ async def test_limiter_series_carry_model_priority_result_and_reason() -> None:
 _LIMITER_HOOKS = ("pre_call", "log_success", "log_failure", "post_call_failure")
 
 
-async def test_store_errors_are_counted_by_component_and_mode() -> None:
+async def test_store_errors_are_counted_by_component_mode_and_cause() -> None:
     model = "metrics-store-error"
     limiter = limiter_support.make_limiter(FailingStore(), limiter_support.make_router(model, rpm=2))
-    before = value("store_errors_total", component="rate_limiter", mode="open")
+    before = value("store_errors_total", component="rate_limiter", mode="open", cause="error")
     admitted = value(
         "admission_decisions_total", model_group=model, priority="default", result="admitted", reason="store_error"
     )
     assert await limiter_support.call(limiter, limiter_support.request(model), limiter_support.auth()) is None
-    assert value("store_errors_total", component="rate_limiter", mode="open") == before + 1
+    assert value("store_errors_total", component="rate_limiter", mode="open", cause="error") == before + 1
     assert (
         value(
             "admission_decisions_total", model_group=model, priority="default", result="admitted", reason="store_error"

@@ -17,7 +17,7 @@ from litellm_ratebalance.proxy.runtime import warn_if_evictable
 from litellm_ratebalance.store import KeySpace, RedisStore
 from litellm_ratebalance.store._scripts import ScriptRunner
 from tests.integration.limiter_support import auth, call, make_limiter, make_router, request
-from tests.servers import EXACT_COUNT_TIMEOUT_SECONDS, RedisServer
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -157,7 +157,7 @@ async def test_a_plain_pool_of_the_real_redis_is_gated_too(redis_server: RedisSe
     """redis-py's non-blocking ConnectionPool raises past max_connections; the gate makes a burst wait."""
     client = aioredis.Redis.from_url(redis_server.url, max_connections=4)
     try:
-        store = RedisStore(client, KeySpace("rbgate"), timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS)
+        store = RedisStore(client, KeySpace("rbgate"))
         batch = SettleBatch()
         batch.add(0, "d", 1)
         replies = await asyncio.gather(*(store.flush("m", batch) for _ in range(100)))

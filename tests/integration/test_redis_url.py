@@ -66,7 +66,6 @@ def limiter_for(url: str, *, fail_mode: str = "open", rpm: int = 3) -> PriorityR
                 "fault_log_interval_seconds": 0.0,  # log every fault: each one is checked for leaks
                 # Ample for a first connection on a loaded machine: these tests are about URLs and
                 # passwords, and a timeout (seen once at the default 0.5 s in CI) would hide what failed.
-                "store_timeout_seconds": 5.0,
             }
         }
     )

@@ -9,6 +9,7 @@ record every call (success and failure), and end up sending most traffic to ``fa
 from __future__ import annotations
 
 import asyncio
+import io
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -238,7 +239,81 @@ async def test_sdk_strategy_picks_healthy_deployments_and_records() -> None:
     finally:
         strategy.uninstall()
     assert strategy.recorder not in litellm.callbacks
-    assert "async_get_available_deployment" not in vars(r)
+    # The router routes with its own strategy again: a pick of ours would put the recorder back.
+    assert sum((await drive(r, 5)).values()) == 5
+    assert strategy.recorder not in litellm.callbacks
+
+
+async def test_sdk_strategy_leaves_sync_calls_to_the_router() -> None:
+    """A synchronous call (from a thread of its own, as a sync caller makes it) is served while the strategy is
+    installed, without the strategy's balancing (see RateBalancedRouting)."""
+    r = router(FAST, SLOW)
+    strategy = RateBalancedRouting(r, RoutingSettings(**ROUTING), store=MemoryStore()).install()
+    try:
+        for _ in range(3):
+            response = await asyncio.to_thread(r.completion, model="g", messages=MESSAGES)
+            assert response._hidden_params["model_id"] in {"fast", "slow"}
+    finally:
+        strategy.uninstall()
+
+
+async def test_priority_requests_leave_no_pick_in_flight() -> None:
+    """Requests sent with ``priority`` wait in the Router's queue, whose lookup (LiteLLM 1.110+) runs the
+    filter too: only the request's own pick may count it in flight, or each one would leave a pick behind
+    (counted for up to 15 minutes, and read as a stalled request)."""
+    configure(settings=parse_settings({"ratebalance": {"routing": ROUTING}}), store=MemoryStore())
+    litellm.callbacks = [rate_balancer]
+    r = router(FAST, SLOW)
+    for _ in range(6):
+        await r.acompletion(model="g", messages=MESSAGES, priority=0)
+    estimates = await settle(rate_balancer.balancer(), ("fast", "slow"), 6)
+    assert [e.in_flight for e in estimates.values()] == [0, 0], estimates
+
+
+async def test_a_file_upload_reaches_every_deployment() -> None:
+    """A file is created on every healthy deployment of the group (the Router fans the call out): the rate
+    balancer must not narrow that lookup to one deployment."""
+    from aiohttp import web
+
+    hits: Counter[str] = Counter()
+    runners: list[web.AppRunner] = []
+    deployments = []
+    for name in ("a", "b"):
+
+        async def answer(request: web.Request, name: str = name) -> web.Response:
+            hits[name] += 1
+            file = {"id": f"file-{name}", "object": "file", "bytes": 3, "created_at": 0, "filename": "batch.jsonl"}
+            return web.json_response({**file, "purpose": "batch", "status": "processed"})
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = runner.addresses[0][1]
+        deployments.append(
+            {
+                "model_name": "g",
+                "litellm_params": {
+                    "model": "openai/sim",
+                    "api_key": "sk-x",
+                    "api_base": f"http://127.0.0.1:{port}/v1",
+                    "max_retries": 0,
+                },
+                "model_info": {"id": name},
+            }
+        )
+    try:
+        configure(settings=parse_settings({"ratebalance": {"routing": ROUTING}}), store=MemoryStore())
+        litellm.callbacks = [rate_balancer]
+        r = router(*deployments)
+        await r.acreate_file(model="g", file=("batch.jsonl", io.BytesIO(b"{}\n")), purpose="batch")
+        assert hits == {"a": 1, "b": 1}, hits
+    finally:
+        for runner in runners:
+            await runner.cleanup()
 
 
 async def test_sdk_strategy_set_the_litellm_way_learns(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,7 @@ from litellm.router import Router
 
 from litellm_ratebalance.cli import main
 from litellm_ratebalance.proxy.contracts import TrafficContractsCallback
+from litellm_ratebalance.proxy.replica_report import report_once
 from litellm_ratebalance.proxy.runtime import Runtime
 from litellm_ratebalance.routing.balancer import RateBalancer
 from litellm_ratebalance.settings import parse_settings
@@ -119,6 +120,8 @@ async def _drive(url: str, derived_id: str) -> dict[str, Any]:
     efficiency = await store.cost_efficiency("chat-a", half_life_ms=half_life_ms)
     admission = await store.admission_snapshot("chat", 60_000)
     window = await store.contract_window(3600)
+    # This process as a proxy replica would report itself every 10 s (its store calls above, its loop lag).
+    assert await report_once(store, "replica-a:101", 10.0) == 1
     await client.aclose()
     return {"refused": refused, "modes": modes, "admission": admission, "window": window, "efficiency": efficiency}
 
@@ -201,6 +204,15 @@ def test_status_json_and_table_show_what_was_written(
     assert "GPU-s/1k tok: attributed GPU-seconds per 1000 output tokens, recent requests of all replicas" in table
     feature_line = next(line for line in table.splitlines() if line.lstrip().startswith("smart-window"))
     assert feature_line.split() == ["smart-window", "3", "2", "borrowed", "120", "5000", "normal"]
+    assert "replicas: 1 reporting" in table
+    replica_line = next(line for line in table.splitlines() if line.lstrip().startswith("replica-a:101"))
+    assert replica_line.split()[-1] == "none"  # no store errors
+
+    (replica,) = doc["replicas"]
+    assert replica["replica"] == "replica-a:101" and replica["interval_seconds"] == 10.0
+    assert replica["store_calls"] >= 15  # every store call _drive made through this store
+    assert 0 < replica["store_call_max_seconds"] < 5 and replica["loop_lag_max_seconds"] >= 0
+    assert replica["store_errors"] == {}
 
 
 def test_unknown_model_group_is_a_usage_error(

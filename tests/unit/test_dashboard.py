@@ -103,7 +103,7 @@ def test_source_scan_finds_the_known_definitions() -> None:
     assert series["litellm_ratebalance_admission_decisions_total"] == {"model_group", "priority", "result", "reason"}
     assert series["litellm_ratebalance_hook_latency_seconds_bucket"] == {"component", "hook", "le"}
     assert series["litellm_ratebalance_backpressure_refusals_total"] == {"model_group", "tier", "reason"}
-    assert series["litellm_ratebalance_store_errors_total"] == {"component", "mode"}
+    assert series["litellm_ratebalance_store_errors_total"] == {"component", "mode", "cause"}
     # Defined through module constants (name and label tuple), not literals in the call.
     assert series["litellm_ratebalance_routing_choices_total"] == {"model_group", "deployment"}
     assert series["litellm_ratebalance_gpu_seconds_total"] == {"deployment", "priority", "team", "feature"}

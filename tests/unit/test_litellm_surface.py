@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from litellm.integrations.custom_logger import CustomLogger
+from litellm.types.router import CustomRoutingStrategyBase
 
 from litellm_ratebalance.proxy import _litellm
 
@@ -52,6 +53,7 @@ def test_rate_limit_error_builds_a_429_with_headers() -> None:
         ("async_log_success_event", ["kwargs", "response_obj", "start_time", "end_time"]),
         ("async_log_failure_event", ["kwargs", "response_obj", "start_time", "end_time"]),
         ("async_post_call_failure_hook", ["request_data", "original_exception", "user_api_key_dict"]),
+        ("async_post_call_success_deployment_hook", ["request_data", "response", "call_type"]),
     ],
 )
 def test_custom_logger_hooks_keep_their_signatures(hook: str, params: list[str]) -> None:
@@ -63,6 +65,19 @@ def test_custom_logger_hooks_keep_their_signatures(hook: str, params: list[str])
     assert names[: len(params)] == params, f"CustomLogger.{hook} signature changed: {names}"
 
 
+@pytest.mark.parametrize("method_name", ["async_get_available_deployment", "get_available_deployment"])
+def test_custom_routing_strategy_picks_keep_their_signatures(method_name: str) -> None:
+    """What RateBalancedRouting (and the simulator's oracle) override; the Router calls them by keyword."""
+    from litellm.types.router import CustomRoutingStrategyBase
+
+    method = getattr(CustomRoutingStrategyBase, method_name, None)
+    assert method is not None, f"CustomRoutingStrategyBase.{method_name} is gone"
+    names = list(inspect.signature(method).parameters)[1:]
+    assert names == ["model", "messages", "input", "specific_deployment", "request_kwargs"], (
+        f"CustomRoutingStrategyBase.{method_name} signature changed: {names}"
+    )
+
+
 def test_proxy_still_requires_own_class_pre_call_hook() -> None:
     """The proxy runs async_pre_call_hook only when the class itself defines it (LITELLM-NOTES)."""
     from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
@@ -71,13 +86,22 @@ def test_proxy_still_requires_own_class_pre_call_hook() -> None:
     assert "async_post_call_response_headers_hook" in vars(PriorityRateLimiter)
 
 
-def test_router_and_auth_fields() -> None:
+def test_user_api_key_auth_fields_the_package_reads() -> None:
+    """Priorities and weights (metadata, team_metadata), the caller's identity (team_id, user_id, token) and
+    the cost attribution's team label (team_alias)."""
     from litellm.proxy._types import UserAPIKeyAuth
-    from litellm.router import Router
 
-    assert callable(getattr(Router, "get_model_list", None))
-    auth = UserAPIKeyAuth(metadata={"priority": "a"}, team_metadata={"priority": "b"})
-    assert auth.metadata == {"priority": "a"} and auth.team_metadata == {"priority": "b"}
+    fields: dict[str, Any] = {
+        "metadata": {"priority": "a"},
+        "team_metadata": {"priority": "b"},
+        "team_id": "t-1",
+        "team_alias": "checkout",
+        "user_id": "u-1",
+        "token": "hashed",
+    }
+    auth = UserAPIKeyAuth(**fields)
+    for name, value in fields.items():
+        assert getattr(auth, name, None) == value, f"UserAPIKeyAuth.{name} moved or changed: update its readers"
 
 
 # -- the request / deployment / response shapes the backpressure adapter reads (proxy/_litellm.py) -------------
@@ -89,6 +113,7 @@ class _Capture(CustomLogger):  # type: ignore[misc]
     def __init__(self) -> None:
         super().__init__()
         self.filtered: list[list[dict[str, Any]]] = []
+        self.lookups: list[tuple[Any, dict[str, Any]]] = []  # (messages, request_kwargs) of each filter call
         self.deployment_kwargs: list[dict[str, Any]] = []
         self.success: list[tuple[dict[str, Any], Any]] = []
         self.failure: list[dict[str, Any]] = []
@@ -102,6 +127,7 @@ class _Capture(CustomLogger):  # type: ignore[misc]
         parent_otel_span: Any = None,
     ) -> list[Any]:
         self.filtered.append(list(healthy_deployments))
+        self.lookups.append((messages, dict(request_kwargs or {})))
         return healthy_deployments
 
     async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any], call_type: Any) -> dict[str, Any] | None:
@@ -281,6 +307,22 @@ def test_logging_callback_manager_keeps_one_instance_per_class() -> None:
     assert len(target) == 1, "LiteLLM now registers several instances of one logger class: revisit _Process"
 
 
+def test_callback_manager_adds_and_refuses_through_add_litellm_callback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RateBalancedRouting.ensure_recorder registers its recorder through LiteLLM's manager (its duplicate and
+    MAX_CALLBACKS checks); without the method it would append to the list itself."""
+    import litellm
+
+    monkeypatch.setattr(litellm, "callbacks", [])
+    manager = litellm.logging_callback_manager
+    assert callable(getattr(manager, "add_litellm_callback", None)), (
+        "logging_callback_manager.add_litellm_callback moved"
+    )
+    first, same_again = CustomLogger(), CustomLogger()
+    manager.add_litellm_callback(first)
+    manager.add_litellm_callback(same_again)
+    assert litellm.callbacks == [first], "add_litellm_callback no longer refuses an equal logger"
+
+
 def test_backpressure_defines_its_hooks_on_its_own_class() -> None:
     from litellm_ratebalance.proxy.backpressure import BackpressureCallback
 
@@ -292,6 +334,111 @@ def test_backpressure_defines_its_hooks_on_its_own_class() -> None:
         "async_log_failure_event",
     ):
         assert hook in vars(BackpressureCallback), f"BackpressureCallback.{hook} must be defined on the class"
+
+
+# -- the Router's entry points, by the name each version gives them ------------------------------------------
+
+
+def _ids(deployments: Any) -> list[str]:
+    return [str((_litellm.deployment_model_info(d) or {}).get("id")) for d in deployments]
+
+
+class _CountingStrategy(CustomRoutingStrategyBase):  # type: ignore[misc]
+    """A custom strategy that counts its picks: the last healthy deployment (async), the Router's own (sync)."""
+
+    def __init__(self, router: Any) -> None:
+        self.router = router
+        self.async_picks = 0
+        self.sync_picks = 0
+
+    async def async_get_available_deployment(  # type: ignore[override]
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: Any = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        self.async_picks += 1
+        healthy = await _litellm.healthy_deployments(
+            self.router, model, request_kwargs or {}, messages=messages, input=input
+        )
+        return healthy[-1]  # type: ignore[no-any-return]
+
+    def get_available_deployment(  # type: ignore[override]
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: Any = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        self.sync_picks += 1
+        return _litellm.own_sync_pick(  # type: ignore[no-any-return]
+            self.router, model, messages=messages, input=input, request_kwargs=request_kwargs
+        )
+
+
+async def test_router_entry_points_work_without_deprecated_names(only_callback: Any) -> None:
+    """Deployments, healthy lookups, a custom strategy set and taken back, and the sync pick beside it: each
+    works on every supported version, and none goes through a name LiteLLM marks deprecated (1.110 renamed
+    them and will remove the old ones)."""
+    import warnings
+
+    from litellm.router import Router
+
+    only_callback(_Capture())
+    router: Any = Router(model_list=[_deployment("d1"), _deployment("d2"), _deployment("o1", "other")], num_retries=0)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert _ids(_litellm.router_deployments(router)) == ["d1", "d2", "o1"]
+        assert _ids(_litellm.group_deployments(router, "g")) == ["d1", "d2"]
+        assert sorted(_ids(_litellm.group_deployments(router))) == ["d1", "d2", "o1"]
+        assert sorted(_ids(await _litellm.healthy_deployments(router, "g", {}, messages=messages))) == ["d1", "d2"]
+
+        strategy = _CountingStrategy(router)
+        _litellm.set_routing_strategy(router, strategy)
+        response = await router.acompletion(model="g", messages=messages)
+        assert (strategy.async_picks, _litellm.response_deployment_id(response)) == (1, "d2")
+        # A sync call (on a thread of its own, as a sync caller makes it): the strategy's sync pick, which
+        # falls back to the Router's own pick without coming back to the strategy.
+        response = await asyncio.to_thread(router.completion, model="g", messages=messages)
+        assert strategy.sync_picks == 1 and _litellm.response_deployment_id(response) in {"d1", "d2"}
+
+        _litellm.reset_routing_strategy(router)
+        await router.acompletion(model="g", messages=messages)
+        await asyncio.to_thread(router.completion, model="g", messages=messages)
+        assert (strategy.async_picks, strategy.sync_picks) == (1, 1), "the Router still routes with the strategy"
+    ours = {
+        str(w.message)
+        for w in seen
+        if issubclass(w.category, DeprecationWarning) and "/litellm_ratebalance/" in w.filename.replace("\\", "/")
+    }
+    assert not ours, f"the package uses names LiteLLM deprecated: {sorted(ours)}"
+
+
+async def test_own_sync_pick_leaves_out_a_deployment_cooling_down(only_callback: Any) -> None:
+    from litellm.router import Router
+
+    only_callback(_Capture())
+    failing = _deployment("bad", mock_response="litellm.InternalServerError")
+    router = Router(model_list=[failing, _deployment("ok")], num_retries=0, allowed_fails=0, cooldown_time=60)
+    failures = 0
+    for _ in range(40):  # until the Router has picked the failing one once (it picks at random): cooled down
+        try:
+            await router.acompletion(model="g", messages=[{"role": "user", "content": "hi"}])
+        except Exception:
+            failures += 1
+            break
+    assert failures == 1
+    picked: set[str] = set()
+    for _ in range(100):  # (the cooldown may be written by a task of its own: at most ~2 s)
+        picked = {_ids([_litellm.own_sync_pick(router, "g")])[0] for _ in range(20)}
+        if picked == {"ok"}:
+            break
+        await asyncio.sleep(0.02)
+    assert picked == {"ok"}, "own_sync_pick() picks a deployment LiteLLM is cooling down"
 
 
 # -- proxy_server globals ----------------------------------------------------------------------------------
@@ -336,18 +483,117 @@ def test_discover_redis_cache_follows_litellms_order(monkeypatch: pytest.MonkeyP
 # -- routing accessors -------------------------------------------------------------------------------------
 
 
+def _router_sources() -> dict[str, str]:
+    """The source of LiteLLM's Router, wherever a version keeps it: ``litellm/router.py`` (up to 1.108),
+    and from 1.110 the ``litellm/router_*.py`` modules with the ``router_rust/`` package beside them."""
+    from pathlib import Path
+
+    import litellm
+
+    root = Path(litellm.__file__).parent
+    files = [*root.glob("router*.py"), *root.glob("router_rust/**/*.py")]
+    return {str(f.relative_to(root)): f.read_text("utf-8") for f in files}
+
+
 def test_is_fanout_lookup_knows_every_placeholder_the_router_uses() -> None:
     import re
 
-    import litellm.router
-
-    placeholders = set(re.findall(r'"content": "([a-z-]+-api-fake-text)"', inspect.getsource(litellm.router)))
-    assert placeholders, (
-        "the Router no longer marks file/batch/vector-store lookups with a '*-api-fake-text' placeholder "
-        "message: update is_fanout_lookup() or routing would narrow those fan-out lookups to one deployment"
+    found = {
+        (placeholder, name)
+        for name, text in _router_sources().items()
+        for placeholder in re.findall(r"[\"']([a-z][a-z-]*-api-fake-text)[\"']", text)
+    }
+    assert found, (
+        "the Router's source no longer holds a '*-api-fake-text' placeholder message: find how it marks its "
+        "file / batch / vector-store lookups now and update is_fanout_lookup(), or routing would narrow those "
+        "fan-out lookups to one deployment"
     )
-    for content in placeholders:
-        assert _litellm.is_fanout_lookup([{"role": "user", "content": content}]), content
+    for placeholder, name in sorted(found):
+        assert _litellm.is_fanout_lookup([{"role": "user", "content": placeholder}]), (placeholder, name)
+
+
+def _unreachable_deployment(deployment_id: str) -> dict[str, Any]:
+    # A closed loopback port, no SDK retries: the call fails at once, after the Router's lookup.
+    return {
+        "model_name": "g",
+        "litellm_params": {
+            "model": "openai/sim",
+            "api_key": "sk-none",
+            "api_base": "http://127.0.0.1:9/v1",
+            "max_retries": 0,
+        },
+        "model_info": {"id": deployment_id},
+    }
+
+
+async def test_file_and_batch_lookups_reach_the_filters_with_their_placeholder(only_callback: Any) -> None:
+    """Driven, not read: every lookup the Router makes for a file / batch / vector-store call hands the filters
+    a message that is_fanout_lookup() recognises (the calls then fail on a closed port)."""
+    import io
+
+    from litellm.router import Router
+
+    capture = _Capture()
+    only_callback(capture)
+    router = Router(model_list=[_unreachable_deployment("d1"), _unreachable_deployment("d2")], num_retries=0)
+    calls: dict[str, Callable[[], Any]] = {
+        "acreate_file": lambda: router.acreate_file(model="g", file=("a.jsonl", io.BytesIO(b"{}\n")), purpose="batch"),
+        "aretrieve_batch": lambda: router.aretrieve_batch(model="g", batch_id="b1"),
+        "acreate_batch": lambda: router.acreate_batch(
+            model="g", input_file_id="f1", endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+        "acancel_batch": lambda: router.acancel_batch(model="g", batch_id="b1"),
+        "avector_store_create": lambda: router.avector_store_create(model="g", name="v"),
+    }
+    for name, call in calls.items():
+        capture.lookups.clear()
+        with pytest.raises(Exception):  # noqa: B017 (any connection error: only the lookups matter here)
+            await asyncio.wait_for(call(), 30)
+        assert capture.lookups, f"Router.{name} no longer runs the callbacks' async_filter_deployments"
+        for messages, _ in capture.lookups:
+            assert _litellm.is_fanout_lookup(messages), (
+                f"Router.{name} looks deployments up with {messages!r}: update is_fanout_lookup()"
+            )
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "request_fields"),
+    [
+        ("acompletion", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("atext_completion", {"prompt": "hi"}),
+    ],
+)
+async def test_the_priority_queues_lookup_is_told_from_the_requests_pick(
+    only_callback: Any, endpoint: str, request_fields: dict[str, Any]
+) -> None:
+    """A request with ``priority`` waits in the Router's queue; from LiteLLM 1.110 the queue's "any healthy
+    deployment?" lookup runs the callbacks' filters too. Per request exactly one lookup must read as the pick
+    (not is_listing_lookup()), and narrowing there must decide the deployment that serves it."""
+    from litellm.router import Router
+
+    class NarrowThePick(_Capture):
+        async def async_filter_deployments(
+            self,
+            model: str,
+            healthy_deployments: list[Any],
+            messages: Any,
+            request_kwargs: dict[str, Any] | None = None,
+            parent_otel_span: Any = None,
+        ) -> list[Any]:
+            await super().async_filter_deployments(model, healthy_deployments, messages, request_kwargs)
+            if _litellm.is_listing_lookup(messages, request_kwargs):
+                return healthy_deployments
+            return [d for d in healthy_deployments if (_litellm.deployment_model_info(d) or {}).get("id") == "d2"]
+
+    capture = NarrowThePick()
+    only_callback(capture)
+    router = Router(model_list=[_deployment("d1"), _deployment("d2")], num_retries=0)
+    for _ in range(3):
+        capture.lookups.clear()
+        response = await getattr(router, endpoint)(model="g", priority=0, **request_fields)
+        picks = [m for m, kwargs in capture.lookups if not _litellm.is_listing_lookup(m, kwargs)]
+        assert len(picks) == 1, f"{len(capture.lookups)} lookups, {len(picks)} read as the pick: {capture.lookups}"
+        assert _litellm.response_deployment_id(response) == "d2", "the lookup read as the pick did not decide it"
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from litellm_ratebalance.status import (
 )
 from litellm_ratebalance.store.admission import AdmissionSnapshot
 from litellm_ratebalance.store.contracts import ContractWindow
+from litellm_ratebalance.store.replicas import ReplicaHealth
 
 SETTINGS = parse_settings(
     {
@@ -138,7 +140,8 @@ def _report() -> StatusReport:
 
 def test_json_has_stable_keys_and_the_figures() -> None:
     doc = json.loads(json.dumps(report_json(_report())))
-    assert list(doc) == ["schema", "generated_at_ms", "store", "model_groups", "contracts"]
+    assert list(doc) == ["schema", "generated_at_ms", "store", "model_groups", "contracts", "replicas"]
+    assert doc["replicas"] == []
     assert doc["store"]["url"] == "redis://ops:***@127.0.0.1:6380/0"
     group = doc["model_groups"][0]
     assert group["window"] == {"start_ms": NOW - 20_000, "end_ms": NOW + 40_000, "live": True, "reset_seconds": 40}
@@ -372,3 +375,30 @@ def test_cluster_flag_with_a_url_no_cluster_can_use_is_a_usage_error(
     assert main(["status", "--config", str(config), "--redis-url", "unix:///tmp/r.sock", "--cluster"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "invalid Redis URL unix:///tmp/r.sock (--redis-url)" in err and "Traceback" not in err
+
+
+def test_replicas_show_their_loop_lag_and_store_errors_by_cause() -> None:
+    report = replace(
+        _report(),
+        replicas=(
+            ReplicaHealth("proxy-a:7", 10.0, 950, 0.41, 0.39, {}, reported_ms=NOW - 4_000),
+            ReplicaHealth("proxy-b:9", 10.0, 40, 0.5, 0.001, {"timeout": 12, "breaker": 30}, reported_ms=NOW - 2_000),
+        ),
+    )
+    doc = report_json(report)
+    assert doc["replicas"][1] == {
+        "replica": "proxy-b:9",
+        "reported_ms": NOW - 2_000,
+        "interval_seconds": 10.0,
+        "store_calls": 40,
+        "store_call_max_seconds": 0.5,
+        "loop_lag_max_seconds": 0.001,
+        "store_errors": {"timeout": 12, "breaker": 30},
+    }
+    lines = format_table(report).splitlines()
+    assert "replicas: 2 reporting (store health over each one's last interval)" in lines
+    a = next(line for line in lines if line.lstrip().startswith("proxy-a:7")).split()
+    b = next(line for line in lines if line.lstrip().startswith("proxy-b:9")).split()
+    assert a == ["proxy-a:7", "4", "950", "0.410", "0.390", "none"]  # busy: the loop stalled as long as the call
+    assert b[:5] == ["proxy-b:9", "2", "40", "0.500", "0.001"]  # Redis slow: the loop kept up
+    assert " ".join(b[5:]) == "breaker 30, timeout 12"
