@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from litellm_ratebalance._config_base import SettingsModel, configuration_error, register
 from litellm_ratebalance.errors import ConfigurationError
+from litellm_ratebalance.overload.servers import ServerSetting
 
 __all__ = [
     "DEFAULT_TIER",
@@ -37,8 +38,6 @@ DEFAULT_TIER = "default"
 
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 Slots = Annotated[int, Field(ge=1, le=100_000)]
-ServerSetting = Literal["auto", "vllm", "tgi", "sglang"]
-"""Which server a deployment's ``metrics_url`` belongs to; ``auto``: whichever answers (see ``servers.py``)."""
 
 
 class LimitSettings(SettingsModel):

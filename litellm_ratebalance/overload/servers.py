@@ -58,6 +58,7 @@ __all__ = [
     "ServerKind",
     "ServerMetrics",
     "ServerReading",
+    "ServerSetting",
     "counter_rise",
     "parse_exposition",
     "read_server",
@@ -65,6 +66,8 @@ __all__ = [
 
 ServerKind = Literal["vllm", "tgi", "sglang"]
 SERVER_KINDS: tuple[ServerKind, ...] = ("vllm", "tgi", "sglang")
+ServerSetting = Literal["auto", "vllm", "tgi", "sglang"]
+"""The ``server`` setting of a deployment: a server kind, or ``auto`` (whichever answers)."""
 
 PREALLOCATING: frozenset[ServerKind] = frozenset(SERVER_KINDS)
 """Servers that reserve their GPU memory at start-up (vLLM ``--gpu-memory-utilization``, SGLang

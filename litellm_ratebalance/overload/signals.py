@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from litellm_ratebalance.overload.servers import (
     Finding,
@@ -34,6 +34,7 @@ from litellm_ratebalance.overload.servers import (
     ServerKind,
     ServerMetrics,
     ServerReading,
+    ServerSetting,
     counter_rise,
     parse_exposition,
     read_server,
@@ -61,8 +62,6 @@ __all__ = [
 
 logger = logging.getLogger("litellm_ratebalance.backpressure")
 
-ServerSetting = Literal["auto", "vllm", "tgi", "sglang"]
-"""The ``server`` setting: a server kind, or ``auto`` (whichever answers)."""
 Fetcher = Callable[[str, float], Awaitable[str]]
 """``await fetch(url, timeout_seconds) -> body text``; raises on any failure (status >= 400 included)."""
 
