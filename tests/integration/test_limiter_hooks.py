@@ -265,7 +265,7 @@ async def test_a_cold_burst_fills_the_tpm_through_two_instances_as_through_one(
     pools = [aioredis.BlockingConnectionPool.from_url(redis_server.url, max_connections=40) for _ in range(instances)]
     clients = [aioredis.Redis(connection_pool=pool) for pool in pools]
     await clients[0].flushdb()
-    stores = [RedisStore(client, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS) for client in clients]
+    stores = [RedisStore(client) for client in clients]
     served = await _cold_burst([make_limiter(store, router) for store in stores])
     assert 800 <= served <= 1000
     for client in clients:
