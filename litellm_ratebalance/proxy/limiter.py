@@ -9,10 +9,14 @@ One request's path:
    atomically. Refused: a 429 in LiteLLM's message structure with ``retry-after`` and
    ``x-ratelimit-*`` headers. Admitted: a ticket in the request metadata and headers for the response.
 2. ``async_post_call_response_headers_hook``: the admission headers on the successful response.
-3. ``async_log_success_event``: the correction to the actual usage (and a sample for the learned output
-   estimate) joins the model group's pending batch, with no store call of its own: the batch travels with
-   the next admission of that model group, or is flushed within 100 ms (:mod:`.settle_queue`). A cold
-   start's corrections (reserved before anything was learned) are sent at once.
+3. ``async_post_call_success_hook`` (a non-streaming answer, before it is sent to the client) or else
+   ``async_log_success_event`` (streams, and answers without usage until logging): the correction to the
+   actual usage (and a sample for the learned output estimate) joins the model group's pending batch, with
+   no store call of its own: the batch travels with the next admission of that model group, or is flushed
+   within 100 ms (:mod:`.settle_queue`). A cold start's corrections (reserved before anything was learned)
+   are sent at once. Correcting before the answer leaves means a client that sends one request at a time
+   is never decided against its previous request's reservation (LiteLLM runs success logging after the
+   response, in the background).
 4. ``async_post_call_failure_hook`` / ``async_log_failure_event``: give the token reservation back (and the
    request too when the failure came from a proxy hook, i.e. the provider never saw the request), queued
    the same way.
@@ -133,6 +137,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         # as the rest of the hook's own bookkeeping); bounded by model groups x configured priorities.
         self._pre_call_latency = self._latency.labels(COMPONENT, "pre_call")
         self._log_success_latency = self._latency.labels(COMPONENT, "log_success")
+        self._post_call_success_latency = self._latency.labels(COMPONENT, "post_call_success")
         self._admitted_counters: dict[tuple[str, str], Any] = {}
         self._gauges: dict[str, tuple[Any, Any, Any]] = {}
 
@@ -334,6 +339,17 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
     ) -> dict[str, str] | None:
         return stored_headers(find_entry(data, TICKET_KEY)) if response is not None else None
 
+    async def async_post_call_success_hook(self, data: dict[str, Any], user_api_key_dict: Any, response: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            # Only an answer that carries its usage: otherwise success logging corrects it (module doc, 3).
+            await self._reconcile(data, response, only_with_usage=True)
+        except Exception:  # never break an answer on its way out; success logging still has the ticket then
+            logger.exception("litellm_ratebalance rate_limiter: correcting a reservation failed")
+        finally:
+            self._post_call_success_latency.observe(time.perf_counter() - started)
+        return None
+
     async def async_log_success_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
@@ -343,15 +359,20 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         finally:
             self._log_success_latency.observe(time.perf_counter() - started)
 
-    async def _reconcile(self, kwargs: dict[str, Any], response_obj: Any) -> None:
+    async def _reconcile(self, kwargs: dict[str, Any], response_obj: Any, *, only_with_usage: bool = False) -> None:
         entry = find_entry(kwargs, TICKET_KEY)
         if entry is None:
             return
-        ticket = self._tickets.close(str(entry.get("id")))
-        if ticket is None:
-            return
+        ticket_id = str(entry.get("id"))
+        if self._tickets.get(ticket_id) is None:
+            return  # corrected already (or unknown)
         derived = self._config()
         used = actual_tokens(usage_of(kwargs, response_obj), derived.settings.effective_token_type)
+        if used is None and only_with_usage:
+            return
+        ticket = self._tickets.close(ticket_id)
+        if ticket is None:
+            return
         if used is None:
             return  # no usage reported (e.g. some streams): the reservation stands as the estimate
         batch = self._queue_of(ticket).batch(ticket.model_group)

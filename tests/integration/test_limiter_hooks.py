@@ -265,8 +265,28 @@ async def test_a_cold_burst_fills_the_tpm_through_two_instances_as_through_one(
     pools = [aioredis.BlockingConnectionPool.from_url(redis_server.url, max_connections=40) for _ in range(instances)]
     clients = [aioredis.Redis(connection_pool=pool) for pool in pools]
     await clients[0].flushdb()
-    stores = [RedisStore(client, timeout_seconds=EXACT_COUNT_TIMEOUT_SECONDS) for client in clients]
+    stores = [RedisStore(client) for client in clients]
     served = await _cold_burst([make_limiter(store, router) for store in stores])
     assert 800 <= served <= 1000
     for client in clients:
         await client.aclose()
+
+
+async def test_an_answer_is_corrected_before_it_is_sent_so_the_next_request_sees_its_real_usage(
+    store: MemoryStore | RedisStore,
+) -> None:
+    """The docs' quick start, one request at a time: tpm 60, answers of 30 tokens, no max_tokens. The first
+    request reserves the prior (256 output tokens); its answer's usage must be in before the client can send
+    the second request, which LiteLLM's success logging (after the response, in the background) is not."""
+    limiter = make_limiter(store, make_router("q", tpm=60))
+    first = request("q", max_tokens=None)
+    assert await call(limiter, first, auth()) is None
+    usage = {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}
+    await limiter.async_post_call_success_hook(first, auth(), {"usage": usage})
+    second = request("q", max_tokens=None)
+    assert await call(limiter, second, auth()) is None  # decided on 30 used, not on 266 reserved
+    # Success logging of the first request comes later and changes nothing more.
+    await finish(limiter, first, 30)
+    third = request("q", max_tokens=None)
+    refused = await call(limiter, third, auth())
+    assert refused is not None and refused.status_code == 429
