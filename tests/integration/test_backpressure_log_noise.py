@@ -14,7 +14,7 @@ import pytest
 
 from litellm_ratebalance.overload.signals import SCRAPE_FAILURES_BEFORE_WARNING, SignalBoard
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.backpressure_refusals import (
+from litellm_ratebalance.proxy.backpressure.refusals import (
     LITELLM_LOGGERS,
     MARK,
     REFUSAL_LOG,

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from litellm_ratebalance.errors import StoreError, StoreFault
-from litellm_ratebalance.proxy.backpressure_admit import release_late_lease
+from litellm_ratebalance.proxy.backpressure.admit import release_late_lease
 from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
 from litellm_ratebalance.proxy.runtime import Runtime, configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings

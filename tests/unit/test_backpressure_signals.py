@@ -21,7 +21,7 @@ from litellm_ratebalance.overload.signals import (
     parse_metrics,
     server_signals,
 )
-from litellm_ratebalance.proxy.backpressure_book import DeploymentState
+from litellm_ratebalance.proxy.backpressure.book import DeploymentState
 from litellm_ratebalance.simulate.fake_nvml import FakeNvml
 from tests.unit import server_bodies as bodies
 

@@ -1,4 +1,4 @@
-"""Backpressure's server signals in the background step (:mod:`.backpressure_maintain`), around the board of
+"""Backpressure's server signals in the background step (:mod:`.maintain`), around the board of
 :mod:`litellm_ratebalance.overload.signals`:
 
 * :func:`scrape_servers`: every deployment's metrics endpoint, at once;
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.overload.servers import PREALLOCATING, SERVER_KINDS, Problem
 from litellm_ratebalance.overload.signals import SIGNAL_REPORT_REFRESH_SECONDS, SIGNAL_REPORT_TTL_SECONDS
-from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState
-from litellm_ratebalance.proxy.backpressure_metrics import count_preemptions, set_signal_health
+from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState
+from litellm_ratebalance.proxy.backpressure.metrics import count_preemptions, set_signal_health
 from litellm_ratebalance.proxy.runtime import get_runtime
 
 __all__ = ["follow_signals", "publish_reports", "scrape_servers"]

@@ -9,7 +9,7 @@ and the pure decision for one request against one deployment.
   (:func:`~litellm_ratebalance.overload.shedding.decide`) with this process's view;
 * :data:`PROCESS`: the one live context of this process.
 
-Nothing here does I/O: the store calls live in :mod:`.backpressure_admit` and :mod:`.backpressure_maintain`.
+Nothing here does I/O: the store calls live in :mod:`.admit` and :mod:`.maintain`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Backpressure's background step, every ``signals.scrape_interval_seconds`` (one task per process):
 scrape the inference servers' metrics, read NVML, renew this process's leases (every third of their TTL),
 refresh the shared in-flight counts and the gauges, follow the server signals (GPU memory floor,
-preemptions, signal health: :mod:`.backpressure_signals`) and publish their reports for ``status``, and stop
+preemptions, signal health: :mod:`.signals`) and publish their reports for ``status``, and stop
 renewing leases whose request never reported back (``lease_max_age_seconds``). A fresh measurement wakes the
 queues: a KV cache that drained may let the head of a queue in.
 """
@@ -12,9 +12,9 @@ import asyncio
 import logging
 
 from litellm_ratebalance.errors import StoreError
-from litellm_ratebalance.proxy.backpressure_admit import COMPONENT, gauges
-from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState
-from litellm_ratebalance.proxy.backpressure_signals import follow_signals, publish_reports, scrape_servers
+from litellm_ratebalance.proxy.backpressure.admit import COMPONENT, gauges
+from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState
+from litellm_ratebalance.proxy.backpressure.signals import follow_signals, publish_reports, scrape_servers
 from litellm_ratebalance.proxy.runtime import get_runtime
 
 __all__ = ["maintain_forever", "maintain_once"]

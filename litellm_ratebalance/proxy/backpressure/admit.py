@@ -23,9 +23,9 @@ from typing import Any
 
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.overload.shedding import Verdict, store_refusal
-from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState, Lease, Profile, Waiter
-from litellm_ratebalance.proxy.backpressure_metrics import observe_queue_wait, set_gauges
-from litellm_ratebalance.proxy.backpressure_refusals import MARK, queue_full, queue_timeout, refusal
+from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState, Lease, Profile, Waiter
+from litellm_ratebalance.proxy.backpressure.metrics import observe_queue_wait, set_gauges
+from litellm_ratebalance.proxy.backpressure.refusals import MARK, queue_full, queue_timeout, refusal
 from litellm_ratebalance.proxy.cost import cost_meter
 from litellm_ratebalance.proxy.runtime import get_runtime
 from litellm_ratebalance.proxy.store_metrics import late_replies

@@ -15,8 +15,8 @@ from typing import Any
 
 from litellm_ratebalance.overload.limits import per_token_rtt
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState, Lease, Profile
-from litellm_ratebalance.proxy.backpressure_metrics import count_drop
+from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState, Lease, Profile
+from litellm_ratebalance.proxy.backpressure.metrics import count_drop
 from litellm_ratebalance.proxy.identity import metadata_value, resolve_priority
 from litellm_ratebalance.proxy.tokens import prompt_tokens, requested_output_tokens
 

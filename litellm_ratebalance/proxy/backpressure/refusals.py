@@ -20,8 +20,8 @@ from typing import Any
 
 from litellm_ratebalance.overload.shedding import Reason, Verdict, advice, retry_after_seconds
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState, Profile
-from litellm_ratebalance.proxy.backpressure_metrics import count_refusal
+from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState, Profile
+from litellm_ratebalance.proxy.backpressure.metrics import count_refusal
 
 __all__ = [
     "LITELLM_LOGGERS",

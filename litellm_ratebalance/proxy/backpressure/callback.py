@@ -27,17 +27,17 @@ Which hooks, and why (LiteLLM picks the deployment *after* ``async_pre_call_hook
 * One background task per process (started on first use) scrapes the inference servers' metrics, reads
   NVML, renews this process's leases and refreshes the shared in-flight counts.
 
-The parts behind the hooks: the state and the lease book (:mod:`.backpressure_book`), taking and giving back
-slots with the wait queue (:mod:`.backpressure_admit`), refusals and their log lines
-(:mod:`.backpressure_refusals`), the background step (:mod:`.backpressure_maintain`), the metrics
-(:mod:`.backpressure_metrics`); the policy itself is pure, in :mod:`litellm_ratebalance.overload`.
+The parts behind the hooks: the state and the lease book (:mod:`.book`), taking and giving back
+slots with the wait queue (:mod:`.admit`), refusals and their log lines
+(:mod:`.refusals`), the background step (:mod:`.maintain`), the metrics
+(:mod:`.metrics`); the policy itself is pure, in :mod:`litellm_ratebalance.overload`.
 
 Errors clients see: 503 (shed: ``memory_pressure``, ``compute_saturation``, ``queue_overflow``) or 429
 (``concurrency_limit``), with ``retry-after`` from the drain rate, ``x-litellm-backpressure-reason`` and
 ``x-litellm-backpressure-advice`` (``retry`` | ``reroute``). Nothing else our hooks hit reaches a client:
 every other failure is logged and the request passes (store faults follow ``ratebalance.fail_mode``).
 LiteLLM's own log line for each refusal (an ERROR, with a traceback for a 503) is replaced by one WARNING
-per reason per interval (:mod:`.backpressure_refusals`); the metric counts them all.
+per reason per interval (:mod:`.refusals`); the metric counts them all.
 
 Identity: the priority and fairness key come from the ``UserAPIKeyAuth`` the proxy puts in the request
 metadata (``metadata.user_api_key_auth``, resolved like the limiter: team metadata, then key metadata),
@@ -60,7 +60,7 @@ from litellm_ratebalance.errors import ConfigurationError
 from litellm_ratebalance.overload.shedding import Tiers
 from litellm_ratebalance.overload.signals import Fetcher, GpuProbe, NvmlProbe, SignalBoard
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.backpressure_admit import (
+from litellm_ratebalance.proxy.backpressure.admit import (
     admit,
     refresh_counts,
     release,
@@ -68,12 +68,12 @@ from litellm_ratebalance.proxy.backpressure_admit import (
     sort_candidates,
     taken_elsewhere,
 )
-from litellm_ratebalance.proxy.backpressure_book import PROCESS, Context, Profile
-from litellm_ratebalance.proxy.backpressure_maintain import maintain_forever
-from litellm_ratebalance.proxy.backpressure_maintain import maintain_once as _maintain_once
-from litellm_ratebalance.proxy.backpressure_metrics import hook_latency
-from litellm_ratebalance.proxy.backpressure_refusals import is_ours, queue_full, quiet_refusal_logs, refusal
-from litellm_ratebalance.proxy.backpressure_requests import learn, profile_of
+from litellm_ratebalance.proxy.backpressure.book import PROCESS, Context, Profile
+from litellm_ratebalance.proxy.backpressure.maintain import maintain_forever
+from litellm_ratebalance.proxy.backpressure.maintain import maintain_once as _maintain_once
+from litellm_ratebalance.proxy.backpressure.metrics import hook_latency
+from litellm_ratebalance.proxy.backpressure.refusals import is_ours, queue_full, quiet_refusal_logs, refusal
+from litellm_ratebalance.proxy.backpressure.requests import learn, profile_of
 from litellm_ratebalance.proxy.cost import cost_meter
 from litellm_ratebalance.proxy.runtime import get_runtime, schedule_startup_check
 
