@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -173,15 +172,13 @@ _D = TypeVar("_D", bound=Mapping[str, Any])
 
 
 def _backpressure_available(deployments: Sequence[_D], request_kwargs: Mapping[str, Any] | None) -> Sequence[_D]:
-    """``deployments`` without those the backpressure callback would refuse now (at their concurrency limit,
-    or shedding this request's priority tier); all of them when every one would refuse (backpressure then
-    answers with its own 429/503) or when the backpressure callback is not loaded in this process."""
-    module = sys.modules.get("litellm_ratebalance.proxy.backpressure")
-    if module is None:
-        return deployments  # never imported: not configured, nothing to consult
-    gate = module.backpressure
-    if not gate.gates_deployments():
-        return deployments  # loaded, but gating no deployment (off, or none configured)
+    """``deployments`` without those the backpressure part would refuse now (at their concurrency limit, or
+    shedding this request's priority tier); all of them when every one would refuse (backpressure then
+    answers with its own 429/503) or when backpressure does not run in this process (no deployment gate in
+    the runtime's registry)."""
+    gate = get_runtime().registry.deployment_gate
+    if gate is None or not gate.gates_deployments():
+        return deployments  # not running, or gating no deployment (off, or none configured)
     priority = metadata_value(_litellm.request_auth(request_kwargs or {}), "priority")
     available = [
         d

@@ -7,7 +7,8 @@ and the pure decision for one request against one deployment.
 * :class:`Context`: everything bound to one event loop and one settings object, with the lease book
   (leases by LiteLLM call id) and :meth:`Context.decide`, which feeds the pure policy
   (:func:`~litellm_ratebalance.overload.shedding.decide`) with this process's view;
-* :data:`PROCESS`: the one live context of this process.
+* :class:`BackpressureProcess`: the one live context of this process, kept in the runtime's registry, where
+  routing consults it as the deployment gate.
 
 Nothing here does I/O: the store calls live in :mod:`.admit` and :mod:`.maintain`.
 """
@@ -32,7 +33,7 @@ from litellm_ratebalance.overload.servers import PREALLOCATING
 from litellm_ratebalance.overload.shedding import Tiers, Verdict, decide
 from litellm_ratebalance.overload.signals import SignalBoard, SignalUpkeep, held_at_scrape, server_signals
 
-__all__ = ["PROCESS", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
+__all__ = ["BackpressureProcess", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
 
 logger = logging.getLogger("litellm_ratebalance.backpressure")
 
@@ -298,15 +299,46 @@ class Context:
         return len(state.queue) + int(waiting)
 
 
-class _Process:
-    """The one live context of this process.
+class BackpressureProcess:
+    """The one live context of this process, and the deployment gate routing consults (a
+    :class:`~litellm_ratebalance.proxy.runtime.DeploymentGate`).
 
     Process-wide rather than per instance because LiteLLM keeps a single logger per class for its success /
     failure events (``logging_callback_manager`` refuses a second instance of the same class): events may
-    reach another instance than the one whose hooks took the leases, so both must see the same state.
+    reach another instance than the one whose hooks took the leases, so both must see the same state. It lives
+    in the runtime's registry (:func:`~litellm_ratebalance.proxy.backpressure.callback.process_of`).
     """
 
-    ctx: Context | None = None
+    __slots__ = ("ctx",)
 
+    def __init__(self) -> None:
+        self.ctx: Context | None = None
 
-PROCESS = _Process()
+    def gates_deployments(self) -> bool:
+        """Whether :meth:`deployment_available` can say False for any deployment now (backpressure on, with
+        deployments configured); lets the routing hook skip asking per deployment."""
+        ctx = self.ctx
+        return ctx is not None and ctx.settings.enabled and bool(ctx.deployments)
+
+    def deployment_available(self, deployment_id: str, priority: str | None = None) -> bool:
+        """Whether a request of ``priority`` would be admitted by this deployment now (for routing
+        strategies that want to skip deployments at their limit or shedding without calling the filter).
+        Unknown deployments, and everything when backpressure is off, count as available."""
+        ctx = self.ctx
+        if ctx is None or not ctx.settings.enabled:
+            return True
+        state = ctx.deployments.get(deployment_id)
+        if state is None:
+            return True
+        rank = ctx.tiers.rank(priority if priority in ctx.tiers else None)
+        profile = Profile(ctx.tiers.name(rank), rank, 0, 0, "anonymous", 1.0)
+        return ctx.decide(state, profile).admitted
+
+    def stop(self) -> None:
+        """Cancel the context's background tasks (its runtime is being replaced; tests) and forget it."""
+        ctx, self.ctx = self.ctx, None
+        if ctx is None or ctx.loop.is_closed():
+            return
+        for task in [ctx.maintenance, *(s.dispatcher for s in ctx.deployments.values())]:
+            if task is not None and not task.done():
+                task.cancel()

@@ -68,20 +68,30 @@ from litellm_ratebalance.proxy.backpressure.admit import (
     sort_candidates,
     taken_elsewhere,
 )
-from litellm_ratebalance.proxy.backpressure.book import PROCESS, Context, Profile
+from litellm_ratebalance.proxy.backpressure.book import BackpressureProcess, Context
 from litellm_ratebalance.proxy.backpressure.maintain import maintain_forever
 from litellm_ratebalance.proxy.backpressure.maintain import maintain_once as _maintain_once
 from litellm_ratebalance.proxy.backpressure.metrics import hook_latency
 from litellm_ratebalance.proxy.backpressure.refusals import is_ours, queue_full, quiet_refusal_logs, refusal
 from litellm_ratebalance.proxy.backpressure.requests import learn, profile_of
-from litellm_ratebalance.proxy.cost import cost_meter
-from litellm_ratebalance.proxy.runtime import get_runtime, schedule_startup_check
+from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 
-__all__ = ["BackpressureCallback", "backpressure", "startup_model_info_problems"]
+__all__ = ["BackpressureCallback", "backpressure", "process_of", "startup_model_info_problems"]
 
 logger = logging.getLogger("litellm_ratebalance.backpressure")
 
 _COMPONENT = "backpressure"
+
+
+def process_of(runtime: Runtime) -> BackpressureProcess:
+    """Backpressure's state in ``runtime``: its registry's deployment gate, created there on first use."""
+    gate = runtime.registry.deployment_gate
+    if isinstance(gate, BackpressureProcess):
+        return gate
+    process = BackpressureProcess()
+    runtime.registry.deployment_gate = process
+    runtime.registry.on_reset(process.stop)
+    return process
 
 
 class BackpressureCallback(CustomLogger):  # type: ignore[misc]
@@ -120,8 +130,9 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         Another instance of this class finding the context live uses it as it is (its leases, queue and
         limits): rebuilding it would forget the slots the first one holds. The first instance's probe,
         fetcher and clock stay in use until the settings change."""
+        runtime = get_runtime()
         try:
-            settings = get_runtime().settings().ratebalance.backpressure
+            settings = runtime.settings().ratebalance.backpressure
         except Exception as exc:  # ConfigurationError: already names the key; logged once, requests pass
             if not self._config_error_logged:
                 self._config_error_logged = True
@@ -130,7 +141,8 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         if not settings.enabled:
             return None
         loop = asyncio.get_running_loop()
-        ctx = PROCESS.ctx
+        process = process_of(runtime)
+        ctx = process.ctx
         if ctx is None or ctx.loop is not loop or ctx.settings is not settings:
             if ctx is not None and ctx.maintenance is not None and ctx.loop is loop:
                 ctx.maintenance.cancel()
@@ -139,9 +151,9 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 probe = NvmlProbe()
             board = SignalBoard(self._fetch, probe)
             ctx = Context(loop, settings, Tiers(settings.tiers), board, self._clock, owner=self)
-            PROCESS.ctx = ctx
+            process.ctx = ctx
             # Scraping starts before the first request reaches a deployment.
-            for deployment in _litellm.router_deployments(get_runtime().router()):
+            for deployment in _litellm.router_deployments(runtime.router()):
                 ctx.deployment(_litellm.deployment_model_info(deployment), _litellm.deployment_model_group(deployment))
         if ctx.maintenance is None or ctx.maintenance.done():
             ctx.maintenance = loop.create_task(maintain_forever(ctx), name="litellm_ratebalance.backpressure")
@@ -149,24 +161,12 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     # -- routing --------------------------------------------------------------------------------------------
     def gates_deployments(self) -> bool:
-        """Whether :meth:`deployment_available` can say False for any deployment now (backpressure on, with
-        deployments configured); lets the routing hook skip asking per deployment."""
-        ctx = PROCESS.ctx
-        return ctx is not None and ctx.settings.enabled and bool(ctx.deployments)
+        """:meth:`BackpressureProcess.gates_deployments` of this process."""
+        return process_of(get_runtime()).gates_deployments()
 
     def deployment_available(self, deployment_id: str, priority: str | None = None) -> bool:
-        """Whether a request of ``priority`` would be admitted by this deployment now (for routing
-        strategies that want to skip deployments at their limit or shedding without calling the filter).
-        Unknown deployments, and everything when backpressure is off, count as available."""
-        ctx = PROCESS.ctx
-        if ctx is None or not ctx.settings.enabled:
-            return True
-        state = ctx.deployments.get(deployment_id)
-        if state is None:
-            return True
-        rank = ctx.tiers.rank(priority if priority in ctx.tiers else None)
-        profile = Profile(ctx.tiers.name(rank), rank, 0, 0, "anonymous", 1.0)
-        return ctx.decide(state, profile).admitted
+        """:meth:`BackpressureProcess.deployment_available` of this process."""
+        return process_of(get_runtime()).deployment_available(deployment_id, priority)
 
     async def async_filter_deployments(
         self,
@@ -281,7 +281,8 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             logger.exception("litellm_ratebalance backpressure: failure accounting failed")
 
     async def _finish(self, kwargs: Any, response_obj: Any, end_time: Any, *, failed: bool, exception: Any) -> None:
-        ctx = PROCESS.ctx
+        runtime = get_runtime()
+        ctx = process_of(runtime).ctx
         if ctx is None or not isinstance(kwargs, Mapping) or ctx.loop is not asyncio.get_running_loop():
             return
         call_id = _litellm.request_call_id(kwargs)
@@ -300,7 +301,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         state = ctx.deployments.get(lease.deployment_id)
         if state is not None:
             learn(ctx, state, lease, response_obj, end_time, failed, exception)
-        cost_meter().lease_usage(lease.lease_id, response_obj)  # cost: the tokens of the request
+        runtime.registry.lease_meter().lease_usage(lease.lease_id, response_obj)  # cost: the tokens of the request
         await release(ctx, lease)
 
     # -- headers --------------------------------------------------------------------------------------------
@@ -313,7 +314,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         litellm_call_info: dict[str, object] | None = None,
     ) -> dict[str, str] | None:
         try:
-            ctx = PROCESS.ctx
+            ctx = process_of(get_runtime()).ctx
             if response is None or ctx is None:
                 return None  # refusals carry their headers themselves
             deployment_id = _litellm.response_deployment_id(response)
@@ -337,10 +338,11 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     async def aclose(self) -> None:
         """Stop the background tasks of the current context (tests; the proxy never needs it)."""
-        ctx = PROCESS.ctx
+        process = process_of(get_runtime())
+        ctx = process.ctx
         if ctx is None or ctx.owner is not self:
             return
-        PROCESS.ctx = None
+        process.ctx = None
         tasks = [ctx.maintenance, *(s.dispatcher for s in ctx.deployments.values())]
         for task in tasks:
             if task is not None and not task.done():
@@ -352,7 +354,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """This process's view per deployment (status output, tests)."""
-        ctx = PROCESS.ctx
+        ctx = process_of(get_runtime()).ctx
         if ctx is None:
             return {}
         return {
