@@ -80,7 +80,7 @@ from litellm.proxy.hooks.dynamic_rate_limiter_v3 import _PROXY_DynamicRateLimitH
 from litellm.types.utils import ModelResponse, Usage  # noqa: E402
 from redis.asyncio.connection import AbstractConnection  # noqa: E402
 
-from litellm_ratebalance.proxy.limiter import PriorityRateLimiter  # noqa: E402
+from litellm_ratebalance.proxy.admission import PriorityRateLimiter  # noqa: E402
 from litellm_ratebalance.proxy.runtime import Runtime  # noqa: E402
 from litellm_ratebalance.settings import parse_settings  # noqa: E402
 from litellm_ratebalance.store import KeySpace, RedisStore  # noqa: E402

@@ -22,10 +22,10 @@ from litellm_ratebalance.routing import RateBalancer, RoutingSettings
 from litellm_ratebalance.settings import Settings, parse_settings
 
 if TYPE_CHECKING:
+    from litellm_ratebalance.proxy.admission import PriorityRateLimiter, rate_limiter
     from litellm_ratebalance.proxy.backpressure import BackpressureCallback, backpressure
     from litellm_ratebalance.proxy.contracts import TrafficContractsCallback, traffic_contracts
     from litellm_ratebalance.proxy.cost import CostCallback, cost
-    from litellm_ratebalance.proxy.limiter import PriorityRateLimiter, rate_limiter
     from litellm_ratebalance.proxy.routing import RateBalancedRouting, RateBalancerCallback, rate_balancer
     from litellm_ratebalance.proxy.runtime import configure
 
@@ -36,8 +36,8 @@ _PROXY_NAMES = {
     "backpressure": "backpressure",
     "TrafficContractsCallback": "contracts",
     "traffic_contracts": "contracts",
-    "PriorityRateLimiter": "limiter",
-    "rate_limiter": "limiter",
+    "PriorityRateLimiter": "admission",
+    "rate_limiter": "admission",
     "RateBalancedRouting": "routing",
     "RateBalancerCallback": "routing",
     "rate_balancer": "routing",

@@ -14,8 +14,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from litellm_ratebalance.errors import StoreError, StoreFault
+from litellm_ratebalance.proxy.admission import PriorityRateLimiter
 from litellm_ratebalance.proxy.backpressure.admit import release_late_lease
-from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
 from litellm_ratebalance.proxy.runtime import Runtime, configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import KeySpace, RedisStore

@@ -8,7 +8,7 @@ from typing import cast
 
 import pytest
 
-from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
+from litellm_ratebalance.proxy.admission import PriorityRateLimiter
 from litellm_ratebalance.store import MemoryStore, RedisStore
 from tests.integration.limiter_support import auth, call, finish, make_limiter, make_router, request
 from tests.servers import RedisServer

@@ -32,7 +32,7 @@ from fastapi import HTTPException
 
 from litellm_ratebalance.admission.estimate import SettleBatch
 from litellm_ratebalance.errors import StoreError
-from litellm_ratebalance.proxy.limiter import TICKET_KEY, PriorityRateLimiter
+from litellm_ratebalance.proxy.admission.callback import TICKET_KEY, PriorityRateLimiter
 from litellm_ratebalance.proxy.runtime import Runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import RedisStore

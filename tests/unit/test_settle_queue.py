@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from litellm_ratebalance.admission.estimate import SettleBatch
-from litellm_ratebalance.proxy.settle_queue import SettleQueue
+from litellm_ratebalance.proxy.admission.settle_queue import SettleQueue
 
 
 class Recorder:

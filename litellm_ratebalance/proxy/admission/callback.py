@@ -52,12 +52,12 @@ from litellm_ratebalance.admission.policy import (
 )
 from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.admission_tickets import AdmissionTicket, TicketBook
-from litellm_ratebalance.proxy.capacity import Capacity, CapacityCache
+from litellm_ratebalance.proxy.admission.capacity import Capacity, CapacityCache
+from litellm_ratebalance.proxy.admission.settle_queue import SettleQueue
+from litellm_ratebalance.proxy.admission.tickets import AdmissionTicket, TicketBook
 from litellm_ratebalance.proxy.identity import resolve_priority
 from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
-from litellm_ratebalance.proxy.settle_queue import SettleQueue
 from litellm_ratebalance.proxy.store_metrics import late_replies
 from litellm_ratebalance.proxy.tokens import actual_tokens, prompt_tokens, requested_output_tokens, usage_of
 from litellm_ratebalance.settings import Settings
