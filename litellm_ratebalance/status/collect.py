@@ -50,7 +50,7 @@ async def _signal_status(store: Any, deployment_id: str, metrics_url: bool, now_
 async def _deployment_statuses(
     store: Any, settings: Settings, model_group: str, deployments: Sequence[ConfigDeployment], now_ms: int
 ) -> list[DeploymentStatus]:
-    from litellm_ratebalance.proxy.routing import deployment_candidates
+    from litellm_ratebalance.routing.model_info import read_candidates
     from litellm_ratebalance.routing.snapshot import read_view, view_estimates
     from litellm_ratebalance.routing.types import Candidate
 
@@ -62,7 +62,7 @@ async def _deployment_statuses(
         view = await read_view(store, routing, model_group)
     except Exception as exc:
         raise StoreError(f"reading routing statistics failed: {exc}") from exc
-    candidates = deployment_candidates([d.deployment for d in deployments]) or ()
+    candidates = read_candidates([d.deployment for d in deployments]) or ()
     # Shares among exactly the configured deployments (what only a serving replica knows is left out): the
     # figures routing_status gives.
     estimates = view_estimates(view, routing, list(candidates))

@@ -16,9 +16,9 @@ import pytest
 from litellm.proxy._types import UserAPIKeyAuth
 from prometheus_client import REGISTRY
 
-from litellm_ratebalance.proxy import routing_calls as routing_adapter
 from litellm_ratebalance.proxy.admission import PriorityRateLimiter
 from litellm_ratebalance.proxy.contracts import TrafficContractsCallback
+from litellm_ratebalance.proxy.routing import calls as routing_adapter
 from litellm_ratebalance.store import KeySpace, RedisStore
 from tests.integration import contracts_support as contracts
 from tests.integration import limiter_support as limiter

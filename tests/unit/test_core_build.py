@@ -8,8 +8,8 @@ import os
 import pytest
 from prometheus_client import REGISTRY
 
-from litellm_ratebalance.proxy import routing as proxy_routing
 from litellm_ratebalance.proxy.routing import RateBalancerCallback
+from litellm_ratebalance.proxy.routing import callback as proxy_routing
 from litellm_ratebalance.routing import CORE_MODULES, core_build
 
 EXPECT_CORE = "LITELLM_RATEBALANCE_EXPECT_CORE"

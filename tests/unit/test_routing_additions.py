@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from litellm_ratebalance.proxy.routing_calls import request_work
+from litellm_ratebalance.proxy.routing.calls import request_work
 from litellm_ratebalance.routing import Candidate, RateBalancer, routing_status
 from litellm_ratebalance.routing.estimator import recency_weight
 from litellm_ratebalance.routing.fits import LoadFit, SizeFit

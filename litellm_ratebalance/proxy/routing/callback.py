@@ -16,7 +16,7 @@
   health and cooldown filtering, so it asks the Router for the healthy deployments first.
 
 What the hooks read from LiteLLM's dicts (candidates, a request's size and id, a finished call's sample) is in
-:mod:`litellm_ratebalance.proxy.routing_calls`. What is a sample: a call that reached a deployment
+:mod:`.calls`. What is a sample: a call that reached a deployment
 (``model_id`` known) and was not a cache hit. A failure counts against the deployment (zero-rate sample)
 unless its status says the request itself was at fault (400, 413, 422). Nothing these hooks raise reaches a
 client: an internal error is logged and the Router's own choice stands.
@@ -38,7 +38,7 @@ from litellm.types.router import CustomRoutingStrategyBase
 from litellm_ratebalance import metrics
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.identity import metadata_value
-from litellm_ratebalance.proxy.routing_calls import (
+from litellm_ratebalance.proxy.routing.calls import (
     deployment_candidates,
     finish_call,
     model_group_of,
@@ -62,8 +62,6 @@ __all__ = [
     "ROUTING_WEIGHT",
     "RateBalancedRouting",
     "RateBalancerCallback",
-    "deployment_candidates",
-    "model_info_problems",
     "rate_balancer",
 ]
 
@@ -213,7 +211,35 @@ class _BalancerSource:
         return self._balancer
 
 
-class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
+class _OutcomeRecorder(CustomLogger):  # type: ignore[misc]
+    """The hooks that tell a balancer how its picks went: an answer's end, and each finished call's sample."""
+
+    def balancer(self) -> RateBalancer:
+        raise NotImplementedError
+
+    async def async_post_call_success_deployment_hook(
+        self, request_data: dict[str, Any], response: Any, call_type: Any
+    ) -> None:
+        try:
+            finish_call(self.balancer(), request_data)
+        except Exception:
+            _log_hook_error("async_post_call_success_deployment_hook")
+        return None  # the response unchanged
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        try:
+            record_call(self.balancer(), kwargs, ok=True)
+        except Exception:
+            _log_hook_error("async_log_success_event")
+
+    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        try:
+            record_call(self.balancer(), kwargs, ok=False)
+        except Exception:
+            _log_hook_error("async_log_failure_event")
+
+
+class RateBalancerCallback(_OutcomeRecorder):
     """Proxy callback: narrows the healthy deployments to the rate-balanced pick and records outcomes.
 
     Built with no arguments at config load; settings and store are resolved on first use from the
@@ -272,29 +298,8 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
             _log_hook_error("async_filter_deployments")
             return healthy_deployments
 
-    async def async_post_call_success_deployment_hook(
-        self, request_data: dict[str, Any], response: Any, call_type: Any
-    ) -> None:
-        try:
-            finish_call(self.balancer(), request_data)
-        except Exception:
-            _log_hook_error("async_post_call_success_deployment_hook")
-        return None  # the response unchanged
 
-    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
-        try:
-            record_call(self.balancer(), kwargs, ok=True)
-        except Exception:
-            _log_hook_error("async_log_success_event")
-
-    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
-        try:
-            record_call(self.balancer(), kwargs, ok=False)
-        except Exception:
-            _log_hook_error("async_log_failure_event")
-
-
-class _StrategyRecorder(CustomLogger):  # type: ignore[misc]
+class _StrategyRecorder(_OutcomeRecorder):
     """The SDK strategy's outcome recorder (registered in ``litellm.callbacks``); it never filters."""
 
     def __init__(self, strategy: RateBalancedRouting) -> None:
@@ -305,26 +310,8 @@ class _StrategyRecorder(CustomLogger):  # type: ignore[misc]
         # Routers) would be taken for the first one's and never added.
         self.strategy_id = f"{id(strategy):x}"
 
-    async def async_post_call_success_deployment_hook(
-        self, request_data: dict[str, Any], response: Any, call_type: Any
-    ) -> None:
-        try:
-            finish_call(self._strategy.balancer(), request_data)
-        except Exception:
-            _log_hook_error("async_post_call_success_deployment_hook")
-        return None  # the response unchanged
-
-    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
-        try:
-            record_call(self._strategy.balancer(), kwargs, ok=True)
-        except Exception:
-            _log_hook_error("async_log_success_event")
-
-    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
-        try:
-            record_call(self._strategy.balancer(), kwargs, ok=False)
-        except Exception:
-            _log_hook_error("async_log_failure_event")
+    def balancer(self) -> RateBalancer:
+        return self._strategy.balancer()
 
 
 class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
