@@ -181,3 +181,37 @@ async def test_a_lease_taken_by_a_timed_out_acquire_is_released_when_it_answers(
     finally:
         reset_runtime()
         await slow_client.aclose()
+
+
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
+async def test_a_redis_two_seconds_away_costs_a_request_at_most_the_default_timeout(
+    slow_path: DelayProxy, fail_mode: str
+) -> None:
+    """Default store settings (0.5 s timeout, 1 s breaker): with every round trip 2 s long, each request follows
+    the fail mode and waits at most the timeout; while the breaker is open, requests do not wait at all."""
+    settings = parse_settings(
+        {"ratebalance": {"redis_url": slow_path.url, "key_prefix": PREFIX, "fail_mode": fail_mode}}
+    )
+    runtime = Runtime()
+    runtime.configure(settings=settings, router=make_router(rpm=1000))
+    limiter = PriorityRateLimiter(runtime)
+    assert await call(limiter, request(), auth()) is None  # connected, counted
+    slow_path.delay_s = 1.0
+    spans: list[tuple[float, float]] = []
+    outcomes: list[int] = []
+    for _ in range(12):
+        started = time.monotonic()
+        refused = await call(limiter, request(), auth())
+        spans.append((started, time.monotonic()))
+        outcomes.append(200 if refused is None else refused.status_code)
+        await asyncio.sleep(0.1)
+    slow_path.delay_s = 0.0
+    assert set(outcomes) == ({200} if fail_mode == "open" else {503})
+    waits = [end - start for start, end in spans]
+    assert max(waits) <= 0.5 + 0.3  # the timeout, plus scheduling slack on a busy machine
+    assert sum(1 for wait in waits if wait >= 0.4) >= 1  # (Redis was slow: someone waited the timeout)
+    # After a request timed out, the breaker's second: whoever comes then fails over without waiting.
+    for start, end in spans:
+        if end - start >= 0.4:
+            during_breaker = [e - s for s, e in spans if end <= s < end + 0.9]
+            assert all(wait < 0.1 for wait in during_breaker), during_breaker
