@@ -193,7 +193,7 @@ class Runtime:
     def settings(self) -> Settings:
         """Validated settings (raises ConfigurationError naming the key path on the first bad value)."""
         if self._settings is None:
-            self._settings = load_settings()
+            self._settings = load_settings(_litellm.general_setting)
         return self._settings
 
     # -- store ----------------------------------------------------------------------------------------

@@ -51,11 +51,11 @@ from litellm_ratebalance.admission.policy import (
     scale_limits,
 )
 from litellm_ratebalance.errors import ConfigurationError, StoreError
+from litellm_ratebalance.identity import resolve_priority
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.admission.capacity import Capacity, CapacityCache
 from litellm_ratebalance.proxy.admission.settle_queue import SettleQueue
 from litellm_ratebalance.proxy.admission.tickets import AdmissionTicket, TicketBook
-from litellm_ratebalance.proxy.identity import resolve_priority
 from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 from litellm_ratebalance.proxy.store_metrics import late_replies

@@ -36,8 +36,8 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
 from litellm_ratebalance import metrics
+from litellm_ratebalance.identity import metadata_value
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.identity import metadata_value
 from litellm_ratebalance.proxy.routing.calls import (
     deployment_candidates,
     finish_call,
