@@ -14,7 +14,7 @@ from litellm_ratebalance.overload.servers import (
     parse_exposition,
     read_server,
 )
-from litellm_ratebalance.overload.shedding import decide
+from litellm_ratebalance.overload.shedding import DeploymentLoad, TierThresholds, decide
 from litellm_ratebalance.overload.signals import parse_metrics, server_signals
 from tests.unit import server_bodies as bodies
 
@@ -42,18 +42,14 @@ def test_vllm_v1_two_engines_combine_as_memory_used_over_capacity() -> None:
     signals = server_signals(
         metrics, None, kv_cache_tokens=metrics.kv_capacity_tokens, server_queue_limit=32, gpu_utilization=False
     )
-    verdict = decide(
-        rank=0,
-        n_tiers=2,
-        shed_threshold=0.85,
-        hard_threshold=0.95,
+    load = DeploymentLoad(
         server_signals=signals,
         inflight=11,
         limit=32,
-        cost_tokens=600,
         reserved_tokens=11 * 600,
         kv_cache_tokens=metrics.kv_capacity_tokens,
     )
+    verdict = decide(TierThresholds(2, 0.85, 0.95), 0, 600, load)
     assert verdict.admitted  # the lowest tier is not shed while half the cache is free
 
 

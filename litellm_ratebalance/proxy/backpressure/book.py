@@ -30,7 +30,7 @@ from litellm_ratebalance.overload.prompt import PromptScale
 from litellm_ratebalance.overload.queue import FairQueue
 from litellm_ratebalance.overload.reserve import TopDemand
 from litellm_ratebalance.overload.servers import PREALLOCATING
-from litellm_ratebalance.overload.shedding import Tiers, Verdict, decide
+from litellm_ratebalance.overload.shedding import DeploymentLoad, Tiers, TierThresholds, Verdict, decide
 from litellm_ratebalance.overload.signals import SignalBoard, SignalUpkeep, held_at_scrape, server_signals
 
 __all__ = ["BackpressureProcess", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
@@ -183,6 +183,10 @@ class Context:
     last_renew: float = -math.inf
     owner: Any = None
     """The callback instance whose hooks built this context (its probe, fetcher and clock are used)."""
+    thresholds: TierThresholds = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.thresholds = TierThresholds(len(self.tiers), self.settings.shed_threshold, self.settings.hard_threshold)
 
     def deployment(self, model_info: Any, model_group: str) -> DeploymentState | None:
         """The state of the deployment ``model_info`` describes, created on first sight; ``None`` when it is
@@ -266,16 +270,10 @@ class Context:
     def decide(self, state: DeploymentState, profile: Profile, *, queued: bool = False) -> Verdict:
         """The policy's verdict for ``profile`` on ``state`` now. ``queued``: the request is the head of the
         queue (the requests waiting there are not ahead of it)."""
-        settings = self.settings
-        return decide(
-            rank=profile.rank,
-            n_tiers=len(self.tiers),
-            shed_threshold=settings.shed_threshold,
-            hard_threshold=settings.hard_threshold,
+        load = DeploymentLoad(
             server_signals=self.server_signals(state),
             inflight=state.inflight,
             limit=state.limit.limit,
-            cost_tokens=self.cost(state, profile),
             reserved_tokens=state.reserved_tokens,
             kv_cache_tokens=self.kv_capacity(state),
             waiting_rank=None if queued else state.queue.top_rank(),
@@ -283,6 +281,7 @@ class Context:
             top_reserve=self.top_reserve(state),
             top_inflight=state.top_inflight,
         )
+        return decide(self.thresholds, profile.rank, self.cost(state, profile), load)
 
     def top_reserve(self, state: DeploymentState) -> int:
         """Slots the tiers below the highest leave free for it on ``state`` now (see ``overload/reserve.py``);
