@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from litellm.integrations.custom_logger import CustomLogger
 
@@ -90,8 +90,33 @@ class _Derived:
     reservations: dict[str, float | Mapping[str, object]]
     field_of: dict[str, str]
     window_ms: int
+    quantile: float | None
+    """``limiter.output_estimate_quantile``."""
     limits: dict[tuple[int | None, int | None, str | None], AdmissionLimits] = field(default_factory=dict)
     """Built limits by (model rpm, model tpm, priority)."""
+
+
+class _Decision(NamedTuple):
+    """The store's answer to one admission, the limits it was decided against, and whether this process decided
+    it alone (``fail_mode: local`` while the shared store fails)."""
+
+    result: AcquireResult
+    limits: AdmissionLimits
+    local: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What one request is to the admission policy (module doc, step 1)."""
+
+    model_group: str
+    """The model group (or wildcard route) whose capacity applies: the request is counted under it."""
+    capacity: Capacity
+    priority: str | None
+    """A configured priority, or ``None`` for the shared default pool."""
+    priority_label: str
+    limits: AdmissionLimits
+    cost: RequestCost
 
 
 class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
@@ -155,6 +180,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
                 reservations=reservations,
                 field_of={name: pool_field(name, escape_name(name)) for name in reservations},
                 window_ms=settings.ratebalance.limiter.window_seconds * 1000,
+                quantile=settings.ratebalance.limiter.output_estimate_quantile,
             )
             self._derived = derived
             self._capacity = CapacityCache(settings.ratebalance.limiter.capacity_refresh_seconds)
@@ -193,41 +219,65 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         return None
 
     async def _admit(self, user_api_key_dict: Any, data: dict[str, Any], call_type: Any = None) -> None:
-        runtime = self._runtime()
+        """One request's admission (module doc, step 1): resolve it, one store call, then refuse or note it."""
+        derived = self._config_or_unavailable()
+        request = self._request(derived, user_api_key_dict, data, call_type)
+        if request is None:
+            return  # not a model group with a limit: nothing to enforce, no store round trip at all
+        decision = await self._acquire(derived, request)
+        if decision is None:
+            return  # store fault, failing open: admitted uncounted
+        headers = self._observe(request, decision)
+        if not decision.result.admitted:
+            raise self._rejection(request, decision, headers)
+        self._count_admitted(request, decision.local)
+        self._open_ticket(data, derived, request, decision, headers)
+
+    def _config_or_unavailable(self) -> _Derived:
         try:
-            derived = self._config()
+            return self._config()
         except ConfigurationError as exc:
             logger.error("litellm_ratebalance rate_limiter: %s", exc)
             raise _litellm.service_unavailable(f"litellm_ratebalance is misconfigured: {exc}") from None
+
+    def _request(
+        self, derived: _Derived, user_api_key_dict: Any, data: dict[str, Any], call_type: Any
+    ) -> _Request | None:
+        """What the request is to the policy; ``None`` when nothing limits its model group."""
         model_group = data.get("model")
-        router = runtime.router()
+        router = self._runtime().router()
         if not isinstance(model_group, str) or router is None or self._capacity is None:
-            return
+            return None
         try:
             capacity = self._capacity.get(router, model_group)
         except Exception:  # a router we do not understand must not break requests
             logger.exception("litellm_ratebalance rate_limiter: reading model capacity failed")
-            return
+            return None
         if not capacity.limited:
-            return  # nothing to enforce: no store round trip at all
+            return None
+        priority = resolve_priority(user_api_key_dict, derived.reservations)
         # Count under the model group (or wildcard route) whose capacity applies, never under the name the
         # request made up: with a route like ``openai/*`` every name it matches shares one window and one
         # set of metric labels.
-        requested_model, model_group = model_group, capacity.model_group or model_group
-        priority = resolve_priority(user_api_key_dict, derived.reservations)
-        priority_label = priority if priority is not None else "default"
-        limits = self._limits(derived, capacity, priority)
-        limiter_settings = derived.settings.ratebalance.limiter
-        cost = _request_cost(requested_model, data, derived.settings, call_type) if capacity.tpm else RequestCost(0)
+        return _Request(
+            model_group=capacity.model_group or model_group,
+            capacity=capacity,
+            priority=priority,
+            priority_label=priority if priority is not None else "default",
+            limits=self._limits(derived, capacity, priority),
+            cost=_request_cost(model_group, data, derived.settings, call_type) if capacity.tpm else RequestCost(0),
+        )
+
+    async def _acquire(self, derived: _Derived, request: _Request) -> _Decision | None:
+        """The shared store's decision (the pending settles of the model group ride along), or on a store fault
+        what the fail mode says: ``None`` (open: admitted uncounted), a 503 (closed), or this process's own
+        decision (local)."""
+        runtime = self._runtime()
+        model_group, limits = request.model_group, request.limits
         settles = await self._settles.take_after_send(model_group)
         try:
             result = await runtime.store().acquire(
-                model_group,
-                limits,
-                cost,
-                derived.window_ms,
-                settles=settles,
-                quantile=limiter_settings.output_estimate_quantile,
+                model_group, limits, request.cost, derived.window_ms, settles=settles, quantile=derived.quantile
             )
         except StoreError as exc:
             if exc.late is not None:
@@ -241,69 +291,84 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             if not runtime.faults.record(COMPONENT, exc, derived.settings):
                 raise runtime.faults.unavailable(COMPONENT) from None
             if derived.settings.ratebalance.fail_mode != "local":
-                self._admissions.labels(model_group, priority_label, "admitted", "store_error").inc()
-                return
-            # Decide in this process, against its share of the limits, until the shared store is back.
-            limits = scale_limits(limits, derived.settings.ratebalance.local_fallback_share)
-            local_settles = self._local_settles.take(model_group)
-            result = await runtime.local_store().acquire(
-                model_group,
-                limits,
-                cost,
-                derived.window_ms,
-                settles=local_settles,
-                quantile=limiter_settings.output_estimate_quantile,
-            )
-            local = True
-        else:
-            local = False
-        saturation_gauge, estimate_gauge, headroom_gauge = self._model_gauges(model_group)
+                self._admissions.labels(model_group, request.priority_label, "admitted", "store_error").inc()
+                return None
+            return await self._acquire_locally(runtime, derived, request)
+        return _Decision(result, limits, False)
+
+    async def _acquire_locally(self, runtime: Runtime, derived: _Derived, request: _Request) -> _Decision:
+        """``fail_mode: local``: decide in this process, against its share of the limits, until the shared
+        store is back."""
+        limits = scale_limits(request.limits, derived.settings.ratebalance.local_fallback_share)
+        settles = self._local_settles.take(request.model_group)
+        result = await runtime.local_store().acquire(
+            request.model_group, limits, request.cost, derived.window_ms, settles=settles, quantile=derived.quantile
+        )
+        return _Decision(result, limits, True)
+
+    def _observe(self, request: _Request, decision: _Decision) -> dict[str, str]:
+        """Set the model group's gauges from the decision; the ``x-ratelimit-*`` headers of the answer."""
+        result, limits = decision.result, decision.limits
+        saturation_gauge, estimate_gauge, headroom_gauge = self._model_gauges(request.model_group)
         saturation_gauge.set(result.saturation)
         headroom_gauge.set(result.headroom)
         if result.estimate is not None:
             estimate_gauge.set(result.estimate)
-        headers = rate_limit_headers(
+        return rate_limit_headers(
             limits=limits,
             counters=result.counters,
             strict=result.strict,
             saturation_value=result.saturation,
-            priority_label=priority_label,
+            priority_label=request.priority_label,
             now_ms=result.now_ms,
             window_end_ms=result.window_end_ms,
         )
-        if not result.admitted:
-            reason = result.reason.name.lower()
-            self._admissions.labels(
-                model_group, priority_label, "rejected", f"local_{reason}" if local else reason
-            ).inc()
-            remaining_requests, remaining_tokens = effective_remaining(result.counters, limits, result.strict)
-            message = rejection_message(
-                model=model_group,
-                priority=priority,
-                reason=result.reason,
-                rpm=capacity.rpm,
-                tpm=capacity.tpm,
-                remaining=remaining_requests if result.reason.limit_type == "requests" else remaining_tokens,
-                saturation_value=result.saturation,
-            )
-            headers["retry-after"] = str(reset_seconds(result.now_ms, result.window_end_ms))
-            headers["rate_limit_type"] = result.reason.limit_type
-            raise _litellm.rate_limit_exception(message, headers, model_group)
+
+    def _rejection(self, request: _Request, decision: _Decision, headers: dict[str, str]) -> Exception:
+        """Count a refusal; the 429 the client gets (LiteLLM's message structure, ``retry-after``)."""
+        result, limits, local = decision
+        reason = result.reason.name.lower()
+        self._admissions.labels(
+            request.model_group, request.priority_label, "rejected", f"local_{reason}" if local else reason
+        ).inc()
+        remaining_requests, remaining_tokens = effective_remaining(result.counters, limits, result.strict)
+        message = rejection_message(
+            model=request.model_group,
+            priority=request.priority,
+            reason=result.reason,
+            rpm=request.capacity.rpm,
+            tpm=request.capacity.tpm,
+            remaining=remaining_requests if result.reason.limit_type == "requests" else remaining_tokens,
+            saturation_value=result.saturation,
+        )
+        headers["retry-after"] = str(reset_seconds(result.now_ms, result.window_end_ms))
+        headers["rate_limit_type"] = result.reason.limit_type
+        return _litellm.rate_limit_exception(message, headers, request.model_group)
+
+    def _count_admitted(self, request: _Request, local: bool) -> None:
+        model_group, priority_label = request.model_group, request.priority_label
         if local:
             self._admissions.labels(model_group, priority_label, "admitted", "local").inc()
-        else:
-            admitted = self._admitted_counters.get((model_group, priority_label))
-            if admitted is None:
-                admitted = self._admitted_counters[(model_group, priority_label)] = self._admissions.labels(
-                    model_group, priority_label, "admitted", ""
-                )
-            admitted.inc()
+            return
+        admitted = self._admitted_counters.get((model_group, priority_label))
+        if admitted is None:
+            admitted = self._admitted_counters[(model_group, priority_label)] = self._admissions.labels(
+                model_group, priority_label, "admitted", ""
+            )
+        admitted.inc()
+
+    def _open_ticket(
+        self, data: dict[str, Any], derived: _Derived, request: _Request, decision: _Decision, headers: dict[str, str]
+    ) -> None:
+        """Note the admitted request's reservation (its ticket, in the request metadata with the headers)."""
+        result, limits, local = decision
+        cost = request.cost
         learn_beyond = cost.fixed if cost.output_cap is not None else None
         # Late corrections still count (carried into the current window): keep tickets past their window.
         expires_at = time.monotonic() + max(2 * derived.window_ms / 1000, _MIN_TICKET_SECONDS)
         ticket_id = self._tickets.open(
             AdmissionTicket(
-                model_group,
+                request.model_group,
                 limits.pool,
                 result.window_start_ms,
                 result.cost_tokens,
@@ -436,9 +501,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         runtime = self._runtime()
         derived = self._config()
         try:
-            await runtime.store().flush(
-                model_group, batch, quantile=derived.settings.ratebalance.limiter.output_estimate_quantile
-            )
+            await runtime.store().flush(model_group, batch, quantile=derived.quantile)
         except StoreError as exc:
             # Post-call: nothing to refuse any more; the batch waits for the next admission of its model
             # group (unless the call timed out and may still apply it), and the fail mode only decides
@@ -467,8 +530,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
 
     async def _flush_local(self, model_group: str, batch: SettleBatch) -> bool:
         """Apply one model group's pending settles of ``fail_mode: local`` admissions to the local store."""
-        quantile = self._config().settings.ratebalance.limiter.output_estimate_quantile
-        await self._runtime().local_store().flush(model_group, batch, quantile=quantile)
+        await self._runtime().local_store().flush(model_group, batch, quantile=self._config().quantile)
         return True
 
     async def flush_settles(self) -> None:
