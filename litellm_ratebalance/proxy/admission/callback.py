@@ -146,7 +146,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         self._saturation = metrics.gauge(
             "admission_saturation", "Model-group saturation seen at the last decision", ["model_group"]
         )
-        self._latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
+        self._latency = metrics.hook_latency()
         self._late_replies = late_replies()
         self._estimate = metrics.gauge(
             "admission_output_estimate_tokens",

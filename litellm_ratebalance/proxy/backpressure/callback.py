@@ -57,6 +57,7 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from litellm_ratebalance.errors import ConfigurationError
+from litellm_ratebalance.metrics import hook_latency
 from litellm_ratebalance.overload.shedding import Tiers
 from litellm_ratebalance.overload.signals import Fetcher, GpuProbe, NvmlProbe, SignalBoard
 from litellm_ratebalance.proxy import _litellm
@@ -71,7 +72,6 @@ from litellm_ratebalance.proxy.backpressure.admit import (
 from litellm_ratebalance.proxy.backpressure.book import BackpressureProcess, Context
 from litellm_ratebalance.proxy.backpressure.maintain import maintain_forever
 from litellm_ratebalance.proxy.backpressure.maintain import maintain_once as _maintain_once
-from litellm_ratebalance.proxy.backpressure.metrics import hook_latency
 from litellm_ratebalance.proxy.backpressure.refusals import is_ours, queue_full, quiet_refusal_logs, refusal
 from litellm_ratebalance.proxy.backpressure.requests import learn, profile_of
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check

@@ -1,14 +1,14 @@
 """Backpressure's Prometheus series (on the proxy's ``/metrics``; names get the package prefix there).
 
 Gauges per deployment (limit, in flight, queue depth, utilisation per signal, learned output), counters of
-refusals and drops, the queue-wait histogram, and the shared hook-latency histogram. Each function looks
-its family up in :mod:`litellm_ratebalance.metrics` (created once, on first use).
+refusals and drops, the queue-wait histogram (the hook-latency histogram all parts share is
+:func:`litellm_ratebalance.metrics.hook_latency`). Each function looks its family up in
+:mod:`litellm_ratebalance.metrics` (created once, on first use).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
 
 from litellm_ratebalance import metrics
 
@@ -16,7 +16,6 @@ __all__ = [
     "count_drop",
     "count_preemptions",
     "count_refusal",
-    "hook_latency",
     "observe_queue_wait",
     "set_gauges",
     "set_signal_health",
@@ -129,8 +128,3 @@ def observe_queue_wait(deployment_id: str, seconds: float) -> None:
         ["deployment"],
         buckets=_QUEUE_WAIT_BUCKETS,
     ).labels(deployment_id).observe(seconds)
-
-
-def hook_latency() -> Any:
-    """The shared hook latency histogram (the same family the limiter and the contracts observe)."""
-    return metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])

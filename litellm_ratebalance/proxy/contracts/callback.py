@@ -193,7 +193,7 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
             "Configured traffic contract per window, per feature and __basket__ (absent: no contract)",
             ["feature", "kind"],
         )
-        self._latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
+        self._latency = metrics.hook_latency()
         self._late_replies = late_replies()
 
     def _runtime(self) -> Runtime:

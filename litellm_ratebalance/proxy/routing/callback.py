@@ -100,9 +100,7 @@ _estimated_rate = metrics.gauge(
     _METRIC_LABELS,
 )
 # The family the limiter, contracts and backpressure observe too; one fixed child, looked up once.
-_filter_latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"]).labels(
-    "routing", "filter_deployments"
-)
+_filter_latency = metrics.hook_latency().labels("routing", "filter_deployments")
 _gauges_updated: dict[str, float] = {}
 _choice_children: dict[tuple[str, str], Any] = {}
 """Labelled counter children by (model group, deployment): ``labels()`` costs more than the increment."""
