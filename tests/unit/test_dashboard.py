@@ -1,8 +1,8 @@
 """The Grafana dashboard only queries metrics (and labels) that the package defines.
 
 Definitions are read from the source (every ``metrics.counter|gauge|histogram("<name>", doc, [labels])``
-call under ``litellm_ratebalance/``, and the same calls inside ``litellm_ratebalance/metrics.py``), so renaming a metric or a label without updating
-``litellm_ratebalance/dashboards/litellm-ratebalance.json`` fails here.
+call under ``litellm_ratebalance/``, and the same calls inside ``litellm_ratebalance/metrics.py``), so renaming
+a metric or a label without updating ``litellm_ratebalance/dashboards/litellm-ratebalance.json`` fails here.
 """
 
 from __future__ import annotations
