@@ -239,6 +239,22 @@ class BackpressureSettings(SettingsModel):
             )
         return self
 
+    def deployment_problems(
+        self, deployment_id: str, model_group: str, model_info: Mapping[str, Any] | None = None
+    ) -> list[str]:
+        """What :meth:`for_deployment` refuses in one deployment's ``model_info.backpressure`` block (and its
+        ``deployments.<id>`` override), one line per problem: ``deployment <id> (model_name <group>): <key>:
+        <what is valid>``; empty when the deployment's settings are valid (the start-up check and
+        ``check-config`` report them)."""
+        try:
+            self.for_deployment(deployment_id, model_info)
+        except ConfigurationError as exc:
+            where = f"deployment {deployment_id} (model_name {model_group})"
+            # The error reads "invalid configuration:" then one "deployment '<id>': <key>: <text>" line per problem.
+            prefix = f"deployment {deployment_id!r}: "
+            return [f"{where}: {line.strip().removeprefix(prefix)}" for line in str(exc).splitlines()[1:]]
+        return []
+
     def for_deployment(self, deployment_id: str, model_info: Mapping[str, Any] | None = None) -> DeploymentConfig:
         """Merge defaults, ``deployments.<id>`` and ``model_info.backpressure`` for one deployment."""
         overrides = [self.deployments.get(deployment_id)]

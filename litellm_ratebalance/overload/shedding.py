@@ -329,13 +329,19 @@ def _slot_refusal(admit: Verdict, load: DeploymentLoad, top: bool) -> Verdict | 
     """Rule 3: no slot of the tier's share of the limit is free."""
     if load.inflight + 1 <= admit.slots:
         return None
+    return _no_slot(admit, top, float(load.inflight + 1 - admit.slots))
+
+
+def _no_slot(verdict: Verdict, top: bool, completions_needed: float) -> Verdict:
+    """``verdict`` turned into a refusal for want of a slot: 429 ``concurrency_limit`` for the highest tier
+    (which may wait for one), 503 ``compute_saturation`` below it."""
     return replace(
-        admit,
+        verdict,
         admitted=False,
         reason=Reason.CONCURRENCY_LIMIT if top else Reason.COMPUTE_SATURATION,
         status=429 if top else 503,
         signal="concurrency",
-        completions_needed=float(load.inflight + 1 - admit.slots),
+        completions_needed=completions_needed,
         queueable=top,
     )
 
@@ -375,15 +381,7 @@ def store_refusal(fresh: Verdict, tokens: bool, top: bool) -> Verdict:
             completions_needed=1.0,
             queueable=top,
         )
-    return replace(
-        fresh,
-        admitted=False,
-        reason=Reason.CONCURRENCY_LIMIT if top else Reason.COMPUTE_SATURATION,
-        status=429 if top else 503,
-        signal="concurrency",
-        completions_needed=1.0,
-        queueable=top,
-    )
+    return _no_slot(fresh, top, 1.0)
 
 
 def retry_after_seconds(

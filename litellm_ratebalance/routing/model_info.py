@@ -15,7 +15,7 @@ this module apart from the adapters in :mod:`litellm_ratebalance.proxy.routing`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from litellm_ratebalance.routing.types import Candidate
@@ -87,11 +87,15 @@ def read_candidate(deployment: Mapping[str, Any]) -> Candidate | None:
     )
 
 
-def read_candidates(deployments: Sequence[Mapping[str, Any]]) -> tuple[Candidate, ...] | None:
-    """:func:`read_candidate` of each deployment (None when one lacks a ``model_info.id``)."""
+def read_candidates(
+    deployments: Sequence[Mapping[str, Any]],
+    read: Callable[[Mapping[str, Any]], Candidate | None] = read_candidate,
+) -> tuple[Candidate, ...] | None:
+    """``read`` (:func:`read_candidate` unless given) of each deployment; None when one lacks a
+    ``model_info.id``."""
     out: list[Candidate] = []
     for deployment in deployments:
-        candidate = read_candidate(deployment)
+        candidate = read(deployment)
         if candidate is None:
             return None
         out.append(candidate)

@@ -56,7 +56,6 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from litellm_ratebalance.errors import ConfigurationError
 from litellm_ratebalance.metrics import hook_latency
 from litellm_ratebalance.overload.shedding import Tiers
 from litellm_ratebalance.overload.signals import Fetcher, GpuProbe, NvmlProbe, SignalBoard
@@ -399,14 +398,7 @@ def startup_model_info_problems(model_list: Sequence[Mapping[str, Any]]) -> list
         info = _litellm.deployment_model_info(deployment)
         if info is None or info.get("id") is None:
             continue
-        deployment_id = str(info["id"])
-        try:
-            settings.for_deployment(deployment_id, info)
-        except ConfigurationError as exc:
-            where = f"deployment {deployment_id} (model_name {_litellm.deployment_model_group(deployment)})"
-            # The error reads "invalid configuration:" then one "deployment '<id>': <key>: <text>" line per problem.
-            for line in str(exc).splitlines()[1:]:
-                problems.append(f"{where}: {line.strip().removeprefix(f'deployment {deployment_id!r}: ')}")
+        problems += settings.deployment_problems(str(info["id"]), _litellm.deployment_model_group(deployment), info)
     return problems
 
 

@@ -5,29 +5,12 @@ Users list ``litellm_ratebalance.traffic_contracts`` in ``litellm_settings.callb
 (feature resolution, modes, actions), the store operations :mod:`litellm_ratebalance.store.contracts` (one
 atomic admit per request, reconciles after it).
 
-* :mod:`.callback`: the hooks (the entry module) and :data:`traffic_contracts`, the instance users list.
+* :mod:`.callback`: the hooks (the entry module), :data:`traffic_contracts`, the instance users list, and the
+  names of the headers and logging-metadata keys it writes.
 """
 
 from __future__ import annotations
 
-from litellm_ratebalance.proxy.contracts.callback import (
-    FEATURE_HEADER,
-    LOG_FEATURE_KEY,
-    LOG_RPM_MODE_KEY,
-    LOG_TPM_MODE_KEY,
-    RPM_MODE_HEADER,
-    TPM_MODE_HEADER,
-    TrafficContractsCallback,
-    traffic_contracts,
-)
+from litellm_ratebalance.proxy.contracts.callback import TrafficContractsCallback, traffic_contracts
 
-__all__ = [
-    "FEATURE_HEADER",
-    "LOG_FEATURE_KEY",
-    "LOG_RPM_MODE_KEY",
-    "LOG_TPM_MODE_KEY",
-    "RPM_MODE_HEADER",
-    "TPM_MODE_HEADER",
-    "TrafficContractsCallback",
-    "traffic_contracts",
-]
+__all__ = ["TrafficContractsCallback", "traffic_contracts"]

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.tokens import message_text_chars, requested_output_tokens
 from litellm_ratebalance.routing.balancer import RateBalancer
-from litellm_ratebalance.routing.model_info import model_info_problems, read_candidate
+from litellm_ratebalance.routing.model_info import model_info_problems, read_candidate, read_candidates
 from litellm_ratebalance.routing.model_info import non_negative as _non_negative
 from litellm_ratebalance.routing.model_info import positive as _positive
 from litellm_ratebalance.routing.types import Candidate
@@ -73,13 +73,7 @@ def deployment_candidates(deployments: Sequence[Mapping[str, Any]]) -> tuple[Can
     Router passes the same dicts each time and builds new ones when its model list changes), and a bad value
     in its ``model_info`` is logged as a warning when it is first read.
     """
-    out: list[Candidate] = []
-    for deployment in deployments:
-        candidate = _candidate(deployment)
-        if candidate is None:
-            return None
-        out.append(candidate)
-    return tuple(out)
+    return read_candidates(deployments, _candidate)
 
 
 class Pool(NamedTuple):
