@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RateBalancer"]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.routing")
 
 
 class RateBalancer:

@@ -66,7 +66,7 @@ from litellm_ratebalance.store.keys import escape_name
 
 __all__ = ["PriorityRateLimiter", "rate_limiter"]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.admission")
 
 COMPONENT = "rate_limiter"
 """The component name in metrics labels and fault logs (the callback's name in config.yaml)."""

@@ -29,7 +29,7 @@ from litellm_ratebalance.admission.estimate import SettleBatch
 
 __all__ = ["FLUSH_DELAY_SECONDS", "SettleQueue"]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.admission")
 
 FLUSH_DELAY_SECONDS = 0.1
 """Longest a correction waits for an admission of its model group before it is sent on its own."""

@@ -72,7 +72,7 @@ __all__ = [
     "traffic_contracts",
 ]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.contracts")
 
 COMPONENT = "traffic_contracts"
 ENTRY_KEY = "ratebalance_traffic_contract"

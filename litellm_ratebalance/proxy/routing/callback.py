@@ -65,7 +65,7 @@ __all__ = [
     "rate_balancer",
 ]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.routing")
 
 _LOG_INTERVAL_SECONDS = 30.0
 _last_hook_error = [float("-inf")]

@@ -39,7 +39,7 @@ __all__ = [
     "request_work",
 ]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.routing")
 
 _REQUEST_FAULT_CODES = frozenset({400, 413, 422})
 """Failures that say nothing about the deployment (bad request, too large, unprocessable)."""
