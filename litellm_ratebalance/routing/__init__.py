@@ -15,40 +15,27 @@ The core, independent of LiteLLM (each module says what it owns):
 * :mod:`~litellm_ratebalance.routing.balancer`: :class:`RateBalancer`, the facade over them;
 * :mod:`~litellm_ratebalance.routing.config`: :class:`RoutingSettings`.
 
-The record types the store shares with routing live in :mod:`litellm_ratebalance.routing_records`; the
+The record types the store shares with routing live in :mod:`litellm_ratebalance.routing.records`; the
 LiteLLM adapters (the ``rate_balancer`` callback, :class:`RateBalancedRouting`) in
 :mod:`litellm_ratebalance.proxy.routing`.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from types import ModuleType
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from litellm_ratebalance import routing_records
-from litellm_ratebalance.routing import (
-    balancer,
-    changes,
-    estimator,
-    evidence,
-    fits,
-    inflight,
-    live,
-    selection,
-    shares,
-    snapshot,
-    types,
-    view,
-    window,
-)
-from litellm_ratebalance.routing.balancer import RateBalancer
-from litellm_ratebalance.routing.config import RoutingSettings
-from litellm_ratebalance.routing.snapshot import routing_status
-from litellm_ratebalance.routing.types import Candidate, DeploymentEstimate
-from litellm_ratebalance.routing_records import RateAggregate, RateLimitObservation
+if TYPE_CHECKING:
+    from litellm_ratebalance.routing.balancer import RateBalancer
+    from litellm_ratebalance.routing.config import RoutingSettings
+    from litellm_ratebalance.routing.records import RateAggregate, RateLimitObservation
+    from litellm_ratebalance.routing.snapshot import routing_status
+    from litellm_ratebalance.routing.types import Candidate, DeploymentEstimate
 
 __all__ = [
+    "CORE_MODULES",
     "Candidate",
     "DeploymentEstimate",
     "RateAggregate",
@@ -59,31 +46,56 @@ __all__ = [
     "routing_status",
 ]
 
-CORE_MODULES: tuple[ModuleType, ...] = (
-    routing_records,
-    estimator,
-    fits,
-    types,
-    inflight,
-    window,
-    view,
-    evidence,
-    changes,
-    shares,
-    live,
-    selection,
-    snapshot,
-    balancer,
+_NAMES = {
+    "Candidate": "types",
+    "DeploymentEstimate": "types",
+    "RateAggregate": "records",
+    "RateBalancer": "balancer",
+    "RateLimitObservation": "records",
+    "RoutingSettings": "config",
+    "routing_status": "snapshot",
+}
+"""Public names, served from their module on first use."""
+
+CORE_MODULE_NAMES = (
+    "records",
+    "estimator",
+    "fits",
+    "types",
+    "inflight",
+    "window",
+    "view",
+    "evidence",
+    "changes",
+    "shares",
+    "live",
+    "selection",
+    "snapshot",
+    "balancer",
 )
 """The modules of the routing core: the ones setup.py compiles with mypyc."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CORE_MODULES":
+        # The modules themselves (imported here), for core_build and its tests.
+        return tuple(importlib.import_module(f"{__name__}.{module}") for module in CORE_MODULE_NAMES)
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # looked up once
+    return value
+
 
 _EXTENSION_SUFFIXES = frozenset({".so", ".pyd"})
 
 
 def core_build() -> Literal["compiled", "python"]:
     """Which build of the routing core this process runs: ``"compiled"`` when every module of
-    :data:`CORE_MODULES` was loaded from the optional mypyc-compiled extension modules (README, "Optional
+    :data:`CORE_MODULE_NAMES` was loaded from the optional mypyc-compiled extension modules (README, "Optional
     compiled routing core"), else ``"python"``, the sources (a stale build beside edited sources included)."""
-    files = (getattr(module, "__file__", None) or "" for module in CORE_MODULES)
+    modules: tuple[ModuleType, ...] = __getattr__("CORE_MODULES")
+    files = (getattr(module, "__file__", None) or "" for module in modules)
     compiled = all(Path(file).suffix in _EXTENSION_SUFFIXES for file in files)
     return "compiled" if compiled else "python"

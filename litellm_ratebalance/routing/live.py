@@ -19,10 +19,10 @@ from litellm_ratebalance.routing.changes import changed
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import DeploymentState, Shares, reweigh, weigh
 from litellm_ratebalance.routing.evidence import BusyRow
+from litellm_ratebalance.routing.records import RateAggregate
 from litellm_ratebalance.routing.shares import LOCAL_RECOMPUTE_SECONDS, cached, settings_shares
 from litellm_ratebalance.routing.types import Candidate
 from litellm_ratebalance.routing.view import Cached, GroupView
-from litellm_ratebalance.routing_records import RateAggregate
 
 __all__ = ["MAX_LOAD_PATTERNS", "shares_now"]
 

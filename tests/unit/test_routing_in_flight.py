@@ -9,7 +9,7 @@ import pytest
 from litellm_ratebalance.routing import Candidate, RateBalancer, routing_status
 from litellm_ratebalance.routing.estimator import recency_weight
 from litellm_ratebalance.routing.fits import LoadFit
-from litellm_ratebalance.routing_records import RateAggregate
+from litellm_ratebalance.routing.records import RateAggregate
 from litellm_ratebalance.store import MemoryStore
 from tests.unit.routing_support import T0, Clock, candidates, feed, make_balancer, settings
 

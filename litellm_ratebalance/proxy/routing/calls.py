@@ -25,8 +25,8 @@ from litellm_ratebalance.routing.balancer import RateBalancer
 from litellm_ratebalance.routing.model_info import model_info_problems, read_candidate, read_candidates
 from litellm_ratebalance.routing.model_info import non_negative as _non_negative
 from litellm_ratebalance.routing.model_info import positive as _positive
+from litellm_ratebalance.routing.records import RateLimitObservation, parse_reset_seconds
 from litellm_ratebalance.routing.types import Candidate
-from litellm_ratebalance.routing_records import RateLimitObservation, parse_reset_seconds
 
 __all__ = [
     "Pool",
