@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from litellm_ratebalance.errors import ConfigurationError, RateBalanceError, StoreError
-from litellm_ratebalance.routing import RateBalancer, RoutingSettings
+from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.settings import Settings, parse_settings
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from litellm_ratebalance.proxy.cost import CostCallback, cost
     from litellm_ratebalance.proxy.routing import RateBalancedRouting, RateBalancerCallback, rate_balancer
     from litellm_ratebalance.proxy.runtime import configure
+    from litellm_ratebalance.routing.balancer import RateBalancer
 
 _PROXY_NAMES = {
     "BackpressureCallback": "backpressure",
@@ -52,6 +53,11 @@ these names, so an import of a subpackage never replaces an instance (the backpr
 
 
 def __getattr__(name: str) -> Any:
+    if name == "RateBalancer":
+        # The routing core, loaded on first use as well (a process that only reads settings never needs it).
+        value = importlib.import_module("litellm_ratebalance.routing.balancer").RateBalancer
+        globals()[name] = value
+        return value
     module = _PROXY_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
