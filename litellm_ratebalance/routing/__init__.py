@@ -27,6 +27,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
+from litellm_ratebalance._lazy import serve
+
 if TYPE_CHECKING:
     from litellm_ratebalance.routing.balancer import RateBalancer
     from litellm_ratebalance.routing.config import RoutingSettings
@@ -47,13 +49,13 @@ __all__ = [
 ]
 
 _NAMES = {
-    "Candidate": "types",
-    "DeploymentEstimate": "types",
-    "RateAggregate": "records",
-    "RateBalancer": "balancer",
-    "RateLimitObservation": "records",
-    "RoutingSettings": "config",
-    "routing_status": "snapshot",
+    "Candidate": f"{__name__}.types",
+    "DeploymentEstimate": f"{__name__}.types",
+    "RateAggregate": f"{__name__}.records",
+    "RateBalancer": f"{__name__}.balancer",
+    "RateLimitObservation": f"{__name__}.records",
+    "RoutingSettings": f"{__name__}.config",
+    "routing_status": f"{__name__}.snapshot",
 }
 """Public names, served from their module on first use."""
 
@@ -80,12 +82,7 @@ def __getattr__(name: str) -> Any:
     if name == "CORE_MODULES":
         # The modules themselves (imported here), for core_build and its tests.
         return tuple(importlib.import_module(f"{__name__}.{module}") for module in CORE_MODULE_NAMES)
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # looked up once
-    return value
+    return serve(globals(), _NAMES, __name__, name)
 
 
 _EXTENSION_SUFFIXES = frozenset({".so", ".pyd"})
