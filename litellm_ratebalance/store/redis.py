@@ -60,8 +60,7 @@ class RedisStore(
             observer=observer,
         )
         self._owns_client = owns_client
-        self._settings_args = {}
-        self._key_pairs = {}
+        self._init_admission()
 
     @property
     def client(self) -> Any:
