@@ -106,7 +106,7 @@ class RateBalanceSettings(SettingsModel):
     fault_log_interval_seconds: Annotated[float, Field(ge=0.0, le=3600)] = 30.0
     store_timeout_seconds: Annotated[float, Field(ge=0.01, le=30)] = 0.5
     """How long Redis may take to answer one store operation, counted while this process's event loop was free
-    to read the answer (a loop stalled by a burst does not count), and at most max(10 x this, 5 s) of wall
+    to read the answer (a loop stalled by a burst does not count), and at most max(60 x this, 30 s) of wall
     time; past it the operation counts as a store fault (docs/redis.md)."""
     redis_max_connections: Annotated[int, Field(ge=1, le=100_000)] = 500
     """Connection pool size of the client made for ``redis_url`` (a burst waits for a free connection)."""
