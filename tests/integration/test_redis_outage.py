@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import redis
 from fastapi import HTTPException
 
 from litellm_ratebalance.admission.estimate import SettleBatch
@@ -345,6 +346,11 @@ async def test_fail_closed_503_carries_retry_after_and_recovery_is_exact(own_red
 
 
 # -- stale pooled connections after a restart -------------------------------------------------------------
+# From redis-py 8.2 the asyncio pool reconnects a connection whose socket the server closed when it hands it
+# out, so a restart costs no call at all; before it, the first call on each stale connection fails.
+REDIS_PY_RECONNECTS_CLOSED_SOCKETS = tuple(int(part) for part in redis.__version__.split(".")[:2]) >= (8, 2)
+
+
 async def test_after_a_restart_stale_pooled_connections_fail_once_together(own_redis: RedisServer) -> None:
     """After a restart every pooled connection is stale. The first connection error drops the pool's idle
     connections, so a later, wider burst gets fresh ones: one fault window, not one per stale connection."""
@@ -368,6 +374,9 @@ async def test_after_a_restart_stale_pooled_connections_fail_once_together(own_r
     own_redis.stop()
     own_redis.start()  # same port, empty: every pooled connection now points at a dead socket
     narrow = await burst(5)
-    assert narrow["error"] >= 1  # a stale connection was used and failed: the breaker opened
+    if REDIS_PY_RECONNECTS_CLOSED_SOCKETS:
+        assert narrow == {"ok": 5}  # redis-py saw each socket closed when it took it from the pool
+    else:
+        assert narrow["error"] >= 1  # a stale connection was used and failed: the breaker opened
     await asyncio.sleep(RETRY_AFTER_S + 0.05)
     assert await burst(20) == {"ok": 20}  # the other 15 stale connections were dropped, not reused
