@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed-$(LITELLM_PIN)
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-faults test-compat lock test-compiled bench-compiled compiled lint demo bench redis-server wheel-smoke clean
+.PHONY: install test test-faults test-compat lock test-compiled bench-compiled compiled lint demo bench redis-server wheel-smoke clean \
+  bench-admission bench-bursts bench-routing bench-backpressure bench-cost
 
 # LiteLLM's [proxy] extra, taken apart: from 1.109 it requires `litellm-proxy`, which this package index lacks,
 # and pins `litellm-enterprise` and `litellm-proxy-extras` releases newer than the index has (1.110.2 asks
@@ -140,6 +141,20 @@ demo: $(STAMP)
 
 bench: $(STAMP) redis-server
 	$(PY) bench/run_all.py $(BENCH_ARGS)
+
+# The figures of README.md and docs/, one target per bench, each run with the arguments the figures were
+# measured with (bench/results/ holds the runs; a script's --write writes its results file again).
+bench-admission: $(STAMP) redis-server
+	PYTHONPATH=. $(PY) bench/bench_admission.py --seed 1
+bench-bursts: $(STAMP) redis-server
+	PYTHONPATH=. $(PY) bench/bench_bursts.py
+bench-routing: $(STAMP)
+	PYTHONPATH=. $(PY) bench/bench_routing.py --seeds 1 2 3 4 5 6 7 8 --duration 12 --no-proxy \
+	  --strategies ours least-busy latency-based-routing simple-shuffle usage-based-routing-v2 ours-litellm
+bench-backpressure: $(STAMP)
+	PYTHONPATH=. $(PY) bench/bench_backpressure.py --seed 7
+bench-cost: $(STAMP)
+	PYTHONPATH=. $(PY) bench/bench_cost.py
 
 clean:
 	rm -rf $(VENV) .venv-* .pytest_cache .mypy_cache .ruff_cache build

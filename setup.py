@@ -12,13 +12,13 @@ import os
 
 from setuptools import setup
 
-# The routing core (litellm_ratebalance.routing.CORE_MODULES says the same): compiled together, so calls
+# The routing core (litellm_ratebalance.routing.CORE_MODULE_NAMES says the same): compiled together, so calls
 # between these modules are native calls.
 COMPILED_MODULES = [
-    "litellm_ratebalance/routing_records.py",
     *(
         f"litellm_ratebalance/routing/{name}.py"
         for name in (
+            "records",
             "estimator",
             "capacity",
             "fits",

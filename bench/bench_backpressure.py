@@ -70,7 +70,7 @@ from litellm.router import Router
 from prometheus_client import REGISTRY
 
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
-from litellm_ratebalance.proxy.backpressure_book import DeploymentState
+from litellm_ratebalance.proxy.backpressure.book import DeploymentState
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.simulate.inference_server import InferenceServerProcess, ServerSpec, answer_length

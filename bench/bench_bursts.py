@@ -11,7 +11,7 @@ Per run and limiter, every burst goes to a model group of its own (a fresh limit
   of the 200s' usage, over the tpm.
 
 Our replicas also serve ``/metrics``; the bench reads ``litellm_ratebalance_store_errors_total`` before and
-after each burst: store errors during the burst (should be 0: Redis is local and healthy).
+after each burst: store errors during the burst by cause (should be none: Redis is local and healthy).
 
 Usage::
 
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,22 +114,34 @@ class Outcome:
     admitted: int
     served_tokens: int
     other_statuses: int
-    store_errors: float
+    store_errors: int
+    causes: dict[str, int]
+    """Store errors by cause."""
 
 
-async def store_errors(client: httpx.AsyncClient, proxy: ProxyProcess) -> float:
+async def store_errors(client: httpx.AsyncClient, proxy: ProxyProcess) -> Counter[str]:
+    """``litellm_ratebalance_store_errors_total`` of one replica, summed by cause."""
     response = await client.get(f"{proxy.base_url}/metrics/", follow_redirects=True)
-    total = 0.0
+    by_cause: Counter[str] = Counter()
     for line in response.text.splitlines():
-        if line.startswith("litellm_ratebalance_store_errors_total"):
-            total += float(line.rsplit(" ", 1)[1])
+        if line.startswith("litellm_ratebalance_store_errors_total{"):
+            labels, value = line.rsplit(" ", 1)
+            cause = labels.split('cause="', 1)[1].split('"', 1)[0] if 'cause="' in labels else "?"
+            by_cause[cause] += int(float(value))
+    return by_cause
+
+
+async def errors_of(client: httpx.AsyncClient, replicas: list[ProxyProcess]) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for proxy in replicas:
+        total += await store_errors(client, proxy)
     return total
 
 
 async def burst(replicas: list[ProxyProcess], model: str, count: int, max_tokens: int | None, metrics: bool) -> Outcome:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
-        before = sum([await store_errors(client, p) for p in replicas]) if metrics else 0.0
+        before = await errors_of(client, replicas) if metrics else Counter()
         body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": PROMPT}]}
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
@@ -143,11 +156,12 @@ async def burst(replicas: list[ProxyProcess], model: str, count: int, max_tokens
             ),
             return_exceptions=True,
         )
-        after = sum([await store_errors(client, p) for p in replicas]) if metrics else 0.0
+        after = await errors_of(client, replicas) if metrics else Counter()
     served = [r for r in responses if isinstance(r, httpx.Response) and r.status_code == 200]
     other = sum(1 for r in responses if not isinstance(r, httpx.Response) or r.status_code not in (200, 429))
     tokens = sum(int(r.json()["usage"]["total_tokens"]) for r in served)
-    return Outcome(len(served), tokens, other, after - before)
+    errors = after - before
+    return Outcome(len(served), tokens, other, sum(errors.values()), dict(errors))
 
 
 def _row_order(item: tuple[tuple[str, int, str], list[Outcome]]) -> tuple[int, int, str]:
@@ -218,6 +232,9 @@ async def main_async(args: argparse.Namespace) -> int:
             figure = describe([o.admitted for o in outcomes])
             label = f"rpm {RPM}, {workload.split()[1]} at once"
         errors = describe([o.store_errors for o in outcomes]) if name == "ours" else "n/a"
+        causes = sum((Counter(o.causes) for o in outcomes), Counter())
+        if causes:
+            errors += " (" + ", ".join(f"{cause} {count}" for cause, count in sorted(causes.items())) + ")"
         print(f"| {name} | {hogs} | {label} | {figure} | {errors} | {describe([o.other_statuses for o in outcomes])} |")
     exact = all(
         o.admitted == RPM and o.store_errors == 0 and o.other_statuses == 0

@@ -207,7 +207,7 @@ async def run_profile(profile: Profile, args: Any) -> Outcome:
         elapsed = time.monotonic() - started
         await wait_idle(server)
         for _ in range(100):  # failure events reach the layer through LiteLLM's logging: let them land
-            if cost_meter().open_requests == 0:
+            if (meter := cost_meter()) is None or meter.open_requests == 0:
                 break
             await asyncio.sleep(0.05)
         stats = await server.stats()

@@ -1111,7 +1111,7 @@ def _code_version() -> str:
                 "--porcelain",
                 "--",
                 "litellm_ratebalance/routing",
-                "litellm_ratebalance/proxy/routing.py",
+                "litellm_ratebalance/proxy/routing",
             ],
             cwd=root,
             capture_output=True,

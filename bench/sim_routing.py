@@ -37,7 +37,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import itertools
 
 from litellm_ratebalance.routing import Candidate, RateBalancer, RoutingSettings
-from litellm_ratebalance.routing_records import RateLimitObservation
+from litellm_ratebalance.routing.records import RateLimitObservation
 from litellm_ratebalance.simulate.mock_openai import Behaviour, UsageWindow
 from litellm_ratebalance.simulate.oracle import expected_effective_rate
 from litellm_ratebalance.simulate.scenarios import PlannedRequest, Scenario, build_scenario

@@ -89,15 +89,9 @@ def _backpressure_problems(deployments: list[dict[str, Any]], settings: Settings
     for index, deployment in enumerate(deployments):
         info = deployment.get("model_info")
         info = info if isinstance(info, dict) else {}
-        model_name = deployment.get("model_name") or ""
         # Without an id in the file the Router makes one up at start-up: name the entry by its position.
         deployment_id = str(info["id"]) if info.get("id") is not None else f"model_list[{index}]"
-        try:
-            backpressure.for_deployment(deployment_id, info)
-        except ConfigurationError as exc:
-            where = f"deployment {deployment_id} (model_name {model_name})"
-            for line in str(exc).splitlines()[1:]:
-                problems.append(f"{where}: {line.strip().removeprefix(f'deployment {deployment_id!r}: ')}")
+        problems += backpressure.deployment_problems(deployment_id, deployment.get("model_name") or "", info)
     return problems
 
 

@@ -15,8 +15,7 @@ Every problem is reported at once, each as ``litellm_settings.<key path>: <what 
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -107,7 +106,7 @@ class RateBalanceSettings(SettingsModel):
     fault_log_interval_seconds: Annotated[float, Field(ge=0.0, le=3600)] = 30.0
     store_timeout_seconds: Annotated[float, Field(ge=0.01, le=30)] = 0.5
     """How long Redis may take to answer one store operation, counted while this process's event loop was free
-    to read the answer (a loop stalled by a burst does not count), and at most max(10 x this, 5 s) of wall
+    to read the answer (a loop stalled by a burst does not count), and at most max(60 x this, 30 s) of wall
     time; past it the operation counts as a store fault (docs/redis.md)."""
     redis_max_connections: Annotated[int, Field(ge=1, le=100_000)] = 500
     """Connection pool size of the client made for ``redis_url`` (a burst waits for a free connection)."""
@@ -232,8 +231,10 @@ def parse_settings(raw: Mapping[str, Any]) -> Settings:
         raise configuration_error(exc, "litellm_settings") from None
 
 
-def load_settings() -> Settings:
-    """Read and validate our settings from the running LiteLLM (module attributes, general_settings)."""
+def load_settings(general_setting: Callable[[str], Any] | None = None) -> Settings:
+    """Read and validate our settings from the running LiteLLM: its module attributes, and through
+    ``general_setting`` the proxy's ``general_settings`` (the runtime hands in LiteLLM's reader; an SDK process
+    has no general settings)."""
     import litellm
 
     raw: dict[str, Any] = {
@@ -241,14 +242,7 @@ def load_settings() -> Settings:
         "priority_reservation": getattr(litellm, "priority_reservation", None),
         "priority_reservation_settings": getattr(litellm, "priority_reservation_settings", None),
     }
-    token_type = _general_setting("token_rate_limit_type")
+    token_type = general_setting("token_rate_limit_type") if general_setting is not None else None
     if token_type is not None:
         raw["token_rate_limit_type"] = token_type
     return parse_settings(raw)
-
-
-def _general_setting(name: str) -> Any:
-    # The proxy's module if this process runs the proxy (the SDK has no general_settings): never imported here.
-    proxy_server = sys.modules.get("litellm.proxy.proxy_server")
-    general = getattr(proxy_server, "general_settings", None) or {}
-    return general.get(name) if isinstance(general, dict) else None

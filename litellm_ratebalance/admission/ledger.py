@@ -27,10 +27,12 @@ One call, :meth:`AdmissionLedger.acquire`, does in order:
    to its tpm ends above it by about the same amount each time. So each model group learns that amount:
    at the roll-over after next, when a saturated window's corrections are in, ``headroom`` moves
    ``HEADROOM_WEIGHT`` of the way towards what that window ended above the limit it admitted against
-   (``tpm - headroom``), within
-   ``0 .. HEADROOM_CAP x tpm``; new reservations leave it free. A window is *saturated* when it refused a
-   request for the model's tokens. (While the headroom is still being learned, a window pays both for
-   the carry of the one before and for the headroom: the weight is small so that this dip stays small.)
+   (``tpm - headroom``, plus the part of the headroom that requests within their pool's share took: the
+   headroom comes out of borrowing, never out of a reservation, see
+   :func:`~litellm_ratebalance.admission.policy.decide`), within ``0 .. HEADROOM_CAP x tpm``; new
+   reservations that borrow leave it free. A window is *saturated* when it refused a request for the
+   model's tokens. (While the headroom is still being learned, a window pays both for the carry of the
+   one before and for the headroom: the weight is small so that this dip stays small.)
 3. **Decide** the request (:func:`~litellm_ratebalance.admission.policy.decide`) with its cost: its fixed
    tokens plus, when its output is estimated, ``min(cap, estimate)``, keeping the headroom free; reserve it
    if admitted.
@@ -52,6 +54,7 @@ from litellm_ratebalance.admission.policy import (
     RejectReason,
     WindowCounters,
     decide,
+    headroom_taken,
 )
 
 __all__ = ["HEADROOM_CAP", "HEADROOM_WEIGHT", "AdmissionLedger", "LedgerResult", "RequestCost", "WindowState"]
@@ -89,6 +92,9 @@ class WindowState:
     full: bool = False
     """A request was refused for the model's tokens in this window (it is saturated)."""
     prev_full: bool = False
+    headroom_taken: float = 0.0
+    """The most of the headroom that requests within their pool's share reserved in this window."""
+    prev_headroom_taken: float = 0.0
 
 
 @dataclass(slots=True)
@@ -164,7 +170,9 @@ class AdmissionLedger:
         if window is None or now_ms >= window.start_ms + window_ms:
             if window is not None and window.prev_full and window.prev_tpm >= 0:
                 learned = self._estimates.setdefault(model_group, _Estimate())
-                learned.headroom = next_headroom(learned.headroom, window.prev_tokens, window.prev_tpm)
+                learned.headroom = next_headroom(
+                    learned.headroom, window.prev_tokens, window.prev_tpm, window.prev_headroom_taken
+                )
             window = _roll_over(window, now_ms, window_ms, limits.tpm)
             self.windows[model_group] = window
         estimate = None if learned is None else learned.value
@@ -185,6 +193,8 @@ class AdmissionLedger:
         if decision.reason is RejectReason.MODEL_TOKENS:
             window.full = True
         if decision.admitted:
+            taken = headroom_taken(counters, limits, cost_tokens, headroom, counters.tokens + cost_tokens)
+            window.headroom_taken = max(window.headroom_taken, taken)
             for name, delta in (("r", 1), ("r:" + pool, 1), ("t", cost_tokens), ("t:" + pool, cost_tokens)):
                 counts[name] = counts.get(name, 0) + delta
             counters = WindowCounters(
@@ -219,9 +229,10 @@ def _settle(window: WindowState, batch: SettleBatch) -> None:
         window.prev_tokens, window.carry = prev_tokens, carry
 
 
-def next_headroom(headroom: float, final_tokens: int, tpm: int) -> float:
-    """The headroom after a saturated window with ``tpm`` ended at ``final_tokens`` (module doc, step 2)."""
-    overshoot = final_tokens - (tpm - headroom)
+def next_headroom(headroom: float, final_tokens: int, tpm: int, taken: float = 0.0) -> float:
+    """The headroom after a saturated window with ``tpm`` ended at ``final_tokens``, where requests within
+    their pool's share took ``taken`` of the headroom (module doc, step 2)."""
+    overshoot = final_tokens - (tpm - headroom + min(max(0.0, taken), headroom))
     moved = (1 - HEADROOM_WEIGHT) * headroom + HEADROOM_WEIGHT * overshoot
     return min(max(0.0, moved), HEADROOM_CAP * tpm)
 
@@ -239,6 +250,7 @@ def _roll_over(ended: WindowState | None, now_ms: int, window_ms: int, tpm: int 
         prev_tokens=tokens,
         prev_tpm=tpm if consecutive and tpm is not None else -1,
         prev_full=ended.full,
+        prev_headroom_taken=ended.headroom_taken,
     )
     if carry:
         state.counts["t"] = carry

@@ -22,6 +22,11 @@ Definitions (LiteLLM ``dynamic_rate_limiter_v3`` meaning, with our additions mar
 * *oversize rule*: a request is never asked to fit more room than the limit it is checked against. A
   request whose token estimate exceeds a limit is admitted when that whole limit is still unused, and then
   uses it up: at most one such request per window and limit, never rejected forever.
+* *headroom*: tokens of the tpm kept free of new reservations for what the requests in flight will use
+  past theirs (learned by the ledger). It comes out of what pools may borrow, never out of a pool's own
+  share: a request that keeps its pool within ``pool_tpm`` (:func:`within_share`) is checked against the
+  tpm alone, any other request (and every request when no ``priority_reservation`` is configured) against
+  the tpm less the headroom.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ __all__ = [
     "decide",
     "effective_remaining",
     "fits",
+    "headroom_taken",
     "pool_field",
     "protected_room",
     "rate_limit_headers",
@@ -50,6 +56,7 @@ __all__ = [
     "reset_seconds",
     "saturation",
     "scale_limits",
+    "within_share",
 ]
 
 DEFAULT_POOL = "d"
@@ -154,24 +161,54 @@ def protected_room(limits: AdmissionLimits, counters: WindowCounters) -> tuple[f
     return held_requests, held_tokens
 
 
+def within_share(counters: WindowCounters, limits: AdmissionLimits, cost_tokens: int) -> bool:
+    """True when ``cost_tokens`` more keeps the request's pool within its share of the tpm (``pool_tpm``,
+    oversize rule included): the request takes its own reservation, not borrowed room. Never true when no
+    share is configured."""
+    return limits.pool_tpm is not None and fits(counters.pool_tokens, cost_tokens, limits.pool_tpm)
+
+
 def decide(counters: WindowCounters, limits: AdmissionLimits, cost_tokens: int, headroom: float = 0.0) -> Decision:
     """Admit or refuse one request that reserves one request and ``cost_tokens`` tokens.
 
     ``headroom``: tokens of the model's tpm kept free of new reservations for what the requests in flight
-    will use past theirs (learned, see :mod:`litellm_ratebalance.admission.ledger`)."""
+    will use past theirs (learned, see :mod:`litellm_ratebalance.admission.ledger`). A request within its
+    pool's share is not asked to leave it free (module doc): a pool's reservation is never cut by it."""
     sat = saturation(counters.requests, counters.tokens, limits.rpm, limits.tpm)
     strict = sat >= limits.saturation_threshold
     held_requests, held_tokens = protected_room(limits, counters)
     reason = RejectReason.NONE
     if limits.rpm is not None and not fits(counters.requests, 1, limits.rpm - held_requests):
         reason = RejectReason.MODEL_REQUESTS
-    elif limits.tpm is not None and not fits(counters.tokens, cost_tokens, limits.tpm - held_tokens - headroom):
+    elif limits.tpm is not None and not fits(
+        counters.tokens, cost_tokens, limits.tpm - held_tokens - _kept(counters, limits, cost_tokens, headroom)
+    ):
         reason = RejectReason.MODEL_TOKENS
     elif strict and limits.pool_rpm is not None and not fits(counters.pool_requests, 1, limits.pool_rpm):
         reason = RejectReason.POOL_REQUESTS
     elif strict and limits.pool_tpm is not None and not fits(counters.pool_tokens, cost_tokens, limits.pool_tpm):
         reason = RejectReason.POOL_TOKENS
     return Decision(reason is RejectReason.NONE, reason, sat, strict)
+
+
+def _kept(counters: WindowCounters, limits: AdmissionLimits, cost_tokens: int, headroom: float) -> float:
+    """The part of ``headroom`` this request must leave free: all of it when borrowing, none within its share."""
+    if headroom <= 0 or within_share(counters, limits, cost_tokens):
+        return 0.0
+    return headroom
+
+
+def headroom_taken(
+    counters: WindowCounters, limits: AdmissionLimits, cost_tokens: int, headroom: float, tokens_after: int
+) -> float:
+    """How much of ``headroom`` an admitted request took (0..headroom): the part of its reservation past
+    what borrowing may reach (``tpm - floors - headroom``), when it was within its share. ``counters`` are
+    the counts it was decided on, ``tokens_after`` the model's tokens once it is reserved. The ledger keeps
+    the largest per window, so that learning the headroom knows what the window admitted against."""
+    if limits.tpm is None or _kept(counters, limits, cost_tokens, headroom) > 0 or headroom <= 0:
+        return 0.0
+    _, held_tokens = protected_room(limits, counters)
+    return min(headroom, max(0.0, tokens_after - (limits.tpm - held_tokens - headroom)))
 
 
 def effective_remaining(

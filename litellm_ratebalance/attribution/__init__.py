@@ -1,8 +1,9 @@
-"""Cost attribution, pure: who a request's cost belongs to, and how much of a local GPU it used.
+"""The cost part's pure policy: who a request's cost belongs to, and how much of a local GPU it used.
 
 No I/O and no clock here: the store keeps each deployment's :class:`SharingClock` (with the Redis server's
-time), the proxy adapter (``litellm_ratebalance/proxy/cost.py``) feeds requests in and publishes metrics.
-See docs/cost.md.
+time), the cost adapter (:mod:`litellm_ratebalance.proxy.cost`) feeds requests in and publishes metrics.
+Named apart from the part because ``litellm_ratebalance.cost`` is the callback instance users list. See
+docs/cost.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Who pays: the priority, team and feature labels of a request, bounded so series cannot grow with traffic.
 
 * **priority**: a configured priority (``priority_reservation`` keys and backpressure tiers) from team
-  metadata, else key metadata; anything else is ``default`` (the resolution the limiter and backpressure use).
+  metadata, else key metadata; anything else is ``default`` (:func:`~litellm_ratebalance.identity.resolve_priority`,
+  the resolution admission and backpressure use).
 * **team**: the team's alias, else its id (set by an admin on the key, never by the request body); ``none``
   without a team. Bounded by :class:`TeamLabels`: a configured list, else the first ``max_teams`` seen by this
   process; past the bound, ``other``.
@@ -11,9 +12,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
+
+from litellm_ratebalance.identity import resolve_priority
 
 __all__ = ["DEFAULT_PRIORITY", "NO_TEAM", "OTHER_TEAM", "CostLabels", "TeamLabels", "cost_labels"]
 
@@ -61,18 +64,6 @@ class TeamLabels:
         return self._allowed is None and len(self._seen) >= self._max
 
 
-def _metadata_string(auth: Any, name: str) -> str | None:
-    for attribute in ("team_metadata", "metadata"):
-        metadata = getattr(auth, attribute, None)
-        if isinstance(metadata, Mapping):
-            value = metadata.get(name)
-            if isinstance(value, str) and value:
-                return value
-            if value is not None:
-                return None  # the team's unusable value still wins over the key's (as the limiter reads it)
-    return None
-
-
 def team_name(auth: Any) -> str | None:
     """The team of a ``UserAPIKeyAuth``-like object: ``team_alias``, else ``team_id``; ``None`` without one."""
     for attribute in ("team_alias", "team_id"):
@@ -85,9 +76,8 @@ def team_name(auth: Any) -> str | None:
 def cost_labels(auth: Any, priorities: Collection[str], teams: TeamLabels, feature: str) -> CostLabels:
     """The labels of a request from its caller's ``UserAPIKeyAuth`` (``None`` or anything without those
     attributes: ``default`` / ``none``), the configured ``priorities`` and its already-resolved ``feature``."""
-    priority = _metadata_string(auth, "priority")
     return CostLabels(
-        priority=priority if priority is not None and priority in priorities else DEFAULT_PRIORITY,
+        priority=resolve_priority(auth, priorities) or DEFAULT_PRIORITY,
         team=teams.label(team_name(auth)),
         feature=feature,
     )

@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from litellm_ratebalance._config_base import SettingsModel, configuration_error, register
 from litellm_ratebalance.errors import ConfigurationError
+from litellm_ratebalance.overload.servers import ServerSetting
 
 __all__ = [
     "DEFAULT_TIER",
@@ -37,7 +38,6 @@ DEFAULT_TIER = "default"
 
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 Slots = Annotated[int, Field(ge=1, le=100_000)]
-ServerKind = Literal["vllm", "tgi"]
 
 
 class LimitSettings(SettingsModel):
@@ -57,7 +57,8 @@ class LimitSettings(SettingsModel):
     """Slots probed per turnover of the slots while latency stays within tolerance (per sample,
     ``smoothing x growth``, until the first back-off)."""
     backoff_ratio: Annotated[float, Field(ge=0.1, le=1.0)] = 0.9
-    """Factor applied to the limit on a dropped request (server error, timeout, simulated OOM)."""
+    """Factor applied to the limit on a dropped request (server error, timeout, simulated OOM) and on a rise of
+    the server's preemption counter (``signals.preemptions_as_drops``)."""
     drop_cooldown_seconds: Annotated[float, Field(ge=0.0, le=3600.0)] = 1.0
     """At most one backoff per this interval: a crash failing every in-flight request backs off once."""
     baseline_drift_per_minute: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
@@ -101,6 +102,11 @@ class SignalSettings(SettingsModel):
     gpu_indices: list[Annotated[int, Field(ge=0, le=1023)]] = Field(default_factory=lambda: [0])
     server_queue_limit: Annotated[int, Field(ge=1, le=1_000_000)] = 32
     """Requests waiting inside the inference server at which its queue signal reads 1.0."""
+    preemptions_as_drops: bool = True
+    """A rise of the server's preemption counter (vLLM ``vllm:num_preemptions_total``, SGLang
+    ``sglang:num_retracted_requests_total``) between two scrapes counts as a dropped request: the adaptive
+    limit backs off (``limit.backoff_ratio``, at most once per ``limit.drop_cooldown_seconds``). The server ran
+    out of KV cache for the requests it runs and pushed some back to recompute them later."""
 
     @model_validator(mode="after")
     def _timeout_below_interval(self) -> SignalSettings:
@@ -119,10 +125,11 @@ class DeploymentOverrides(SettingsModel):
     enabled: bool | None = None
     metrics_url: str | None = None
     """The inference server's Prometheus endpoint, e.g. ``http://gpu1:8000/metrics``."""
-    server: ServerKind | None = None
+    server: ServerSetting | None = None
     kv_cache_tokens: int | None = Field(default=None, ge=1, le=10**10)
-    """KV-cache capacity in tokens (vLLM logs it at start-up; TGI: ``--max-batch-total-tokens``). Enables the
-    token-aware check: prompt + max_tokens of every request in flight must fit under the threshold."""
+    """KV-cache capacity in tokens, overriding what the server exports (vLLM ``vllm:cache_config_info``, TGI 3
+    ``tgi_batch_max_total_tokens``, SGLang ``sglang:max_total_num_tokens``). A capacity, set or exported,
+    enables the token-aware check: the reservations of the requests in flight must fit under the threshold."""
     server_queue_limit: int | None = Field(default=None, ge=1, le=1_000_000)
     gpu_indices: list[Annotated[int, Field(ge=0, le=1023)]] | None = None
     initial_limit: int | None = Field(default=None, ge=1, le=100_000)
@@ -148,8 +155,9 @@ class DeploymentConfig:
     enabled: bool
     """Managed by backpressure (see ``BackpressureSettings.all_deployments``)."""
     metrics_url: str | None
-    server: ServerKind
+    server: ServerSetting
     kv_cache_tokens: int | None
+    """The configured capacity (an override); the server's exported one is read at each scrape."""
     server_queue_limit: int
     gpu_indices: tuple[int, ...]
     initial_limit: int
@@ -194,8 +202,11 @@ class BackpressureSettings(SettingsModel):
     """Output tokens reserved before anything is learned (``learned``), or by a request that sets neither
     max_tokens nor max_completion_tokens (``max_tokens``)."""
     kv_cache_tokens: int | None = Field(default=None, ge=1, le=10**10)
-    """Default KV-cache capacity in tokens for deployments that do not set their own."""
-    server: ServerKind = "vllm"
+    """Default KV-cache capacity in tokens for deployments that do not set their own; unset: what each server
+    exports."""
+    server: ServerSetting = "auto"
+    """Default ``server`` of the deployments: ``auto`` reads whichever of vLLM, TGI and SGLang answers; a named
+    one is checked against the server answering at each scrape (a mismatch is reported)."""
     lease_ttl_seconds: Annotated[float, Field(ge=1.0, le=3600.0)] = 30.0
     """In-flight slots are leases renewed by their replica; a crashed replica's slots free after this."""
     lease_max_age_seconds: Annotated[float, Field(ge=1.0, le=86_400.0)] = 1800.0
@@ -227,6 +238,22 @@ class BackpressureSettings(SettingsModel):
                 f"shed_threshold must not exceed hard_threshold (got {self.shed_threshold} > {self.hard_threshold})"
             )
         return self
+
+    def deployment_problems(
+        self, deployment_id: str, model_group: str, model_info: Mapping[str, Any] | None = None
+    ) -> list[str]:
+        """What :meth:`for_deployment` refuses in one deployment's ``model_info.backpressure`` block (and its
+        ``deployments.<id>`` override), one line per problem: ``deployment <id> (model_name <group>): <key>:
+        <what is valid>``; empty when the deployment's settings are valid (the start-up check and
+        ``check-config`` report them)."""
+        try:
+            self.for_deployment(deployment_id, model_info)
+        except ConfigurationError as exc:
+            where = f"deployment {deployment_id} (model_name {model_group})"
+            # The error reads "invalid configuration:" then one "deployment '<id>': <key>: <text>" line per problem.
+            prefix = f"deployment {deployment_id!r}: "
+            return [f"{where}: {line.strip().removeprefix(prefix)}" for line in str(exc).splitlines()[1:]]
+        return []
 
     def for_deployment(self, deployment_id: str, model_info: Mapping[str, Any] | None = None) -> DeploymentConfig:
         """Merge defaults, ``deployments.<id>`` and ``model_info.backpressure`` for one deployment."""

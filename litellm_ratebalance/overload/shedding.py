@@ -49,7 +49,9 @@ from enum import Enum
 
 __all__ = [
     "SIGNAL_REASONS",
+    "DeploymentLoad",
     "Reason",
+    "TierThresholds",
     "Tiers",
     "Utilisation",
     "Verdict",
@@ -197,46 +199,69 @@ class Verdict:
         return self.signal == "concurrency" or (self.signal == "kv_cache" and self.lease_token_cap is not None)
 
 
-def decide(
-    *,
-    rank: int,
-    n_tiers: int,
-    shed_threshold: float,
-    hard_threshold: float,
-    server_signals: Mapping[str, float],
-    inflight: int,
-    limit: int,
-    cost_tokens: int,
-    reserved_tokens: int = 0,
-    kv_cache_tokens: int | None = None,
-    waiting_rank: int | None = None,
-    headroom_tokens: int = 0,
-    top_reserve: int = 0,
-    top_inflight: int = 0,
-) -> Verdict:
-    """Decide one request of tier ``rank`` against one deployment (see the module docstring).
+@dataclass(frozen=True, slots=True)
+class TierThresholds:
+    """The shedding thresholds of ``n_tiers`` priority tiers (see the module docstring): tier ``rank`` (0 =
+    lowest) is shed at :meth:`threshold` and may fill :meth:`slots` of a limit."""
 
-    ``server_signals``: the measured signals other than ``concurrency`` (which is ``inflight / limit``).
-    ``waiting_rank``: the highest tier of the requests waiting in this deployment's queue (``None``: none).
-    ``headroom_tokens``: the KV-cache tokens a tier below the highest leaves for the tiers above (the
-    tokens of a typical request), so a top-tier request finds room without waiting for a lower one to end.
-    ``top_reserve``: slots a tier below the highest leaves for the highest tier's own arrivals
-    (:func:`~litellm_ratebalance.overload.reserve.reserve_slots`); ``top_inflight``: the highest tier's
-    requests in flight, which count towards that reserve.
-    """
-    top = n_tiers <= 1 or rank >= n_tiers - 1
-    threshold = tier_threshold(rank, n_tiers, shed_threshold, hard_threshold)
-    slots = tier_slots(rank, n_tiers, limit, shed_threshold, hard_threshold)
-    if not top and top_reserve > 0:
-        slots = max(0, min(slots, limit - max(0, top_reserve - max(0, top_inflight))))
-    token_cap = None if kv_cache_tokens is None else math.floor(threshold * kv_cache_tokens)
-    if token_cap is not None and kv_cache_tokens is not None and not top and headroom_tokens > 0:
-        token_cap = max(0, min(token_cap, math.floor(hard_threshold * kv_cache_tokens) - headroom_tokens))
-    signals = dict(server_signals)
-    signals["concurrency"] = inflight / limit if limit > 0 else 1.0
+    n_tiers: int
+    shed_threshold: float
+    hard_threshold: float
+
+    def is_top(self, rank: int) -> bool:
+        return self.n_tiers <= 1 or rank >= self.n_tiers - 1
+
+    def threshold(self, rank: int) -> float:
+        return tier_threshold(rank, self.n_tiers, self.shed_threshold, self.hard_threshold)
+
+    def slots(self, rank: int, limit: int) -> int:
+        return tier_slots(rank, self.n_tiers, limit, self.shed_threshold, self.hard_threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentLoad:
+    """One deployment as the policy sees it for one decision: what its server measures and what is in flight
+    on it (all replicas), as the adapter last knew them."""
+
+    server_signals: Mapping[str, float]
+    """The measured signals other than ``concurrency`` (which is ``inflight / limit``)."""
+    inflight: int
+    limit: int
+    reserved_tokens: int = 0
+    """Tokens the requests in flight reserved (prompt + the output reserved for each)."""
+    kv_cache_tokens: int | None = None
+    """The KV-cache capacity ``C``; ``None``: unknown, the token-aware check is off."""
+    waiting_rank: int | None = None
+    """The highest tier of the requests waiting in this deployment's queue (``None``: none)."""
+    headroom_tokens: int = 0
+    """The KV-cache tokens a tier below the highest leaves for the tiers above (the tokens of a typical
+    request), so a top-tier request finds room without waiting for a lower one to end."""
+    top_reserve: int = 0
+    """Slots a tier below the highest leaves for the highest tier's own arrivals
+    (:func:`~litellm_ratebalance.overload.reserve.reserve_slots`)."""
+    top_inflight: int = 0
+    """The highest tier's requests in flight, which count towards that reserve."""
+
+
+def decide(thresholds: TierThresholds, rank: int, cost_tokens: int, load: DeploymentLoad) -> Verdict:
+    """Decide one request of tier ``rank`` that reserves ``cost_tokens`` against one deployment's ``load``
+    (rules 1. to 5. of the module docstring, in order)."""
+    top = thresholds.is_top(rank)
+    threshold = thresholds.threshold(rank)
+    slots = thresholds.slots(rank, load.limit)
+    if not top and load.top_reserve > 0:
+        slots = max(0, min(slots, load.limit - max(0, load.top_reserve - max(0, load.top_inflight))))
+    kv = load.kv_cache_tokens
+    token_cap = None if kv is None else math.floor(threshold * kv)
+    if token_cap is not None and kv is not None and not top and load.headroom_tokens > 0:
+        token_cap = max(0, min(token_cap, math.floor(thresholds.hard_threshold * kv) - load.headroom_tokens))
+    signals = dict(load.server_signals)
+    signals["concurrency"] = load.inflight / load.limit if load.limit > 0 else 1.0
     overall = worst_signal(signals)
-    measured = signals.get("kv_cache", 0.0) * kv_cache_tokens if kv_cache_tokens else 0.0
-    lease_token_cap = None if token_cap is None else max(0, token_cap - math.ceil(max(0.0, measured - reserved_tokens)))
+    measured = signals.get("kv_cache", 0.0) * kv if kv else 0.0
+    lease_token_cap = (
+        None if token_cap is None else max(0, token_cap - math.ceil(max(0.0, measured - load.reserved_tokens)))
+    )
     admit = Verdict(
         True,
         utilisation=overall.value,
@@ -246,64 +271,100 @@ def decide(
         token_cap=token_cap,
         lease_token_cap=lease_token_cap,
     )
+    return (
+        _server_refusal(admit, load, top)
+        or _token_refusal(admit, load, top, cost_tokens, measured)
+        or _slot_refusal(admit, load, top)
+        or _waiting_refusal(admit, load, rank, measured, signals["concurrency"])
+        or admit
+    )
 
-    server = worst_signal(server_signals)
-    if server.signal is not None and server.value >= threshold:
-        # Enough of the in-flight work must finish for the signal to fall back under the threshold.
-        needed = inflight * (server.value - threshold) / server.value + 1 if server.value > 0 else 1.0
-        drains = server.reason is Reason.MEMORY_PRESSURE and inflight > 0
-        return replace(
-            admit,
-            admitted=False,
-            reason=server.reason,
-            status=503,
-            signal=server.signal,
-            completions_needed=needed,
-            queueable=top and drains,
-        )
 
-    if token_cap is not None and kv_cache_tokens is not None:
-        held = max(float(reserved_tokens), measured)
-        if held + cost_tokens > token_cap:
-            per_request = held / inflight if inflight > 0 else float(cost_tokens)
-            needed = (held + cost_tokens - token_cap) / per_request if per_request > 0 else 1.0
-            return replace(
-                admit,
-                admitted=False,
-                reason=Reason.MEMORY_PRESSURE,
-                status=503,
-                utilisation=max(overall.value, (held + cost_tokens) / kv_cache_tokens),
-                signal="kv_cache",
-                completions_needed=max(1.0, needed),
-                never_fits=cost_tokens > token_cap,
-                queueable=top and cost_tokens <= token_cap,
-            )
+def _server_refusal(admit: Verdict, load: DeploymentLoad, top: bool) -> Verdict | None:
+    """Rule 1: a server signal at or above the tier's threshold."""
+    server = worst_signal(load.server_signals)
+    threshold = admit.threshold
+    if server.signal is None or server.value < threshold:
+        return None
+    # Enough of the in-flight work must finish for the signal to fall back under the threshold.
+    needed = load.inflight * (server.value - threshold) / server.value + 1 if server.value > 0 else 1.0
+    drains = server.reason is Reason.MEMORY_PRESSURE and load.inflight > 0
+    return replace(
+        admit,
+        admitted=False,
+        reason=server.reason,
+        status=503,
+        signal=server.signal,
+        completions_needed=needed,
+        queueable=top and drains,
+    )
 
-    if inflight + 1 > slots:
-        return replace(
-            admit,
-            admitted=False,
-            reason=Reason.CONCURRENCY_LIMIT if top else Reason.COMPUTE_SATURATION,
-            status=429 if top else 503,
-            signal="concurrency",
-            completions_needed=float(inflight + 1 - slots),
-            queueable=top,
-        )
 
-    if waiting_rank is not None and waiting_rank > rank:
-        # Capacity that frees up belongs to the request waiting above this one: name the tighter resource.
-        memory = max(float(reserved_tokens), measured) / kv_cache_tokens if kv_cache_tokens else 0.0
-        tokens_tighter = memory > signals["concurrency"]
-        return replace(
-            admit,
-            admitted=False,
-            reason=Reason.MEMORY_PRESSURE if tokens_tighter else Reason.COMPUTE_SATURATION,
-            status=503,
-            signal="kv_cache" if tokens_tighter else "concurrency",
-            completions_needed=1.0,
-            higher_waiting=True,
-        )
-    return admit
+def _token_refusal(
+    admit: Verdict, load: DeploymentLoad, top: bool, cost_tokens: int, measured: float
+) -> Verdict | None:
+    """Rule 2: the tokens held (reserved, or measured when more) and this request's exceed the token cap."""
+    token_cap, kv = admit.token_cap, load.kv_cache_tokens
+    if token_cap is None or kv is None:
+        return None
+    held = max(float(load.reserved_tokens), measured)
+    if held + cost_tokens <= token_cap:
+        return None
+    per_request = held / load.inflight if load.inflight > 0 else float(cost_tokens)
+    needed = (held + cost_tokens - token_cap) / per_request if per_request > 0 else 1.0
+    return replace(
+        admit,
+        admitted=False,
+        reason=Reason.MEMORY_PRESSURE,
+        status=503,
+        utilisation=max(admit.utilisation, (held + cost_tokens) / kv),
+        signal="kv_cache",
+        completions_needed=max(1.0, needed),
+        never_fits=cost_tokens > token_cap,
+        queueable=top and cost_tokens <= token_cap,
+    )
+
+
+def _slot_refusal(admit: Verdict, load: DeploymentLoad, top: bool) -> Verdict | None:
+    """Rule 3: no slot of the tier's share of the limit is free."""
+    if load.inflight + 1 <= admit.slots:
+        return None
+    return _no_slot(admit, top, float(load.inflight + 1 - admit.slots))
+
+
+def _no_slot(verdict: Verdict, top: bool, completions_needed: float) -> Verdict:
+    """``verdict`` turned into a refusal for want of a slot: 429 ``concurrency_limit`` for the highest tier
+    (which may wait for one), 503 ``compute_saturation`` below it."""
+    return replace(
+        verdict,
+        admitted=False,
+        reason=Reason.CONCURRENCY_LIMIT if top else Reason.COMPUTE_SATURATION,
+        status=429 if top else 503,
+        signal="concurrency",
+        completions_needed=completions_needed,
+        queueable=top,
+    )
+
+
+def _waiting_refusal(
+    admit: Verdict, load: DeploymentLoad, rank: int, measured: float, concurrency: float
+) -> Verdict | None:
+    """Rule 4: a request of a higher tier waits for this deployment."""
+    if load.waiting_rank is None or load.waiting_rank <= rank:
+        return None
+    # Capacity that frees up belongs to the request waiting above this one: name the tighter resource.
+    kv = load.kv_cache_tokens
+    memory = max(float(load.reserved_tokens), measured) / kv if kv else 0.0
+    tokens_tighter = memory > concurrency
+    return replace(
+        admit,
+        admitted=False,
+        reason=Reason.MEMORY_PRESSURE if tokens_tighter else Reason.COMPUTE_SATURATION,
+        status=503,
+        signal="kv_cache" if tokens_tighter else "concurrency",
+        completions_needed=1.0,
+        higher_waiting=True,
+    )
 
 
 def store_refusal(fresh: Verdict, tokens: bool, top: bool) -> Verdict:
@@ -320,15 +381,7 @@ def store_refusal(fresh: Verdict, tokens: bool, top: bool) -> Verdict:
             completions_needed=1.0,
             queueable=top,
         )
-    return replace(
-        fresh,
-        admitted=False,
-        reason=Reason.CONCURRENCY_LIMIT if top else Reason.COMPUTE_SATURATION,
-        status=429 if top else 503,
-        signal="concurrency",
-        completions_needed=1.0,
-        queueable=top,
-    )
+    return _no_slot(fresh, top, 1.0)
 
 
 def retry_after_seconds(

@@ -1,39 +1,59 @@
 """Server signals: the inference server's Prometheus endpoint and the local GPUs through NVML.
 
-* :func:`parse_metrics` reads a Prometheus text exposition: vLLM (``vllm:num_requests_running``,
-  ``vllm:num_requests_waiting``, ``vllm:gpu_cache_usage_perc`` or its newer name ``vllm:kv_cache_usage_perc``,
-  a 0..1 fraction despite the name) or TGI (``tgi_queue_size``, ``tgi_batch_current_size``,
-  ``tgi_batch_current_max_tokens``). Several label sets (models) on one server are summed (counts) or
-  maxed (cache usage).
+* :func:`parse_metrics` reads a Prometheus text exposition as one server's metrics (vLLM, TGI, SGLang:
+  :mod:`.servers` has the names, the combination of data-parallel engines and the range checks).
 * :class:`GpuProbe` is the interface to GPU readings; :class:`NvmlProbe` implements it over ``pynvml``
   (package ``nvidia-ml-py``, an optional import) or any module with the same functions (tests pass
-  :mod:`litellm_ratebalance.simulate.fake_nvml`).
-* :class:`SignalBoard` keeps the latest scrape per deployment and turns readings into the signals of
-  :mod:`~litellm_ratebalance.overload.shedding` (:func:`server_signals`).
+  :mod:`litellm_ratebalance.simulate.fake_nvml`). :class:`IdleMemory` turns a reading next to a server that
+  reserves its memory up front into the memory above what it holds while idle.
+* :class:`SignalBoard` keeps the latest scrape per deployment, which server answers and what is wrong with
+  its signals (:class:`SignalHealth`), the KV-cache capacity it exports and the rise of its preemption
+  counter; :func:`server_signals` turns readings into the signals of :mod:`~litellm_ratebalance.overload.shedding`.
 
-Degradation: an endpoint that cannot be scraped, or NVML that cannot be loaded, logs one warning line (per
-deployment, until it recovers, which logs one info line) and the deployment runs on its other signals; a
-scrape older than ``stale_after`` counts as absent. An endpoint warns only once it failed
+Reporting: every problem of a deployment's signals (:class:`~.servers.Problem`: an endpoint that does not
+answer, a body of no supported server, a configured ``server`` that is not the one answering, a signal not
+exported, a value out of range) logs one WARNING when it appears and one INFO line when it clears, and stays
+in :meth:`SignalBoard.health` (the adapter turns that into a metric and the ``status`` report) while it
+holds; nothing falls back silently. The deployment runs on the signals it still has: a scrape older than
+``stale_after`` counts as absent. An endpoint is reported only once it failed
 :data:`SCRAPE_FAILURES_BEFORE_WARNING` scrapes in a row: a single failure, typically the first scrape timing
 out while the proxy's event loop is busy with its first requests, is retried at the next interval silently.
+NVML that cannot be loaded logs one warning.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from litellm_ratebalance.overload.servers import (
+    Finding,
+    Problem,
+    ServerKind,
+    ServerMetrics,
+    ServerReading,
+    ServerSetting,
+    counter_rise,
+    parse_exposition,
+    read_server,
+)
 
 __all__ = [
     "SCRAPE_FAILURES_BEFORE_WARNING",
+    "SIGNAL_REPORT_REFRESH_SECONDS",
+    "SIGNAL_REPORT_TTL_SECONDS",
     "Fetcher",
     "GpuProbe",
     "GpuSample",
+    "IdleMemory",
     "NvmlProbe",
     "ServerMetrics",
+    "ServerSetting",
     "SignalBoard",
+    "SignalHealth",
+    "SignalUpkeep",
     "held_at_scrape",
     "httpx_fetcher",
     "parse_metrics",
@@ -42,60 +62,21 @@ __all__ = [
 
 logger = logging.getLogger("litellm_ratebalance.backpressure")
 
-ServerKind = Literal["vllm", "tgi"]
 Fetcher = Callable[[str, float], Awaitable[str]]
 """``await fetch(url, timeout_seconds) -> body text``; raises on any failure (status >= 400 included)."""
 
-_VLLM_RUNNING = "vllm:num_requests_running"
-_VLLM_WAITING = "vllm:num_requests_waiting"
-_VLLM_CACHE = ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc")
-_TGI_QUEUE = "tgi_queue_size"
-_TGI_BATCH = "tgi_batch_current_size"
-_TGI_BATCH_TOKENS = "tgi_batch_current_max_tokens"
 
-
-@dataclass(frozen=True, slots=True)
-class ServerMetrics:
-    """What one scrape said; ``None`` for a metric the server did not expose."""
-
-    running: float | None = None
-    waiting: float | None = None
-    kv_cache_usage: float | None = None
-    """Fraction of the KV cache in use (vLLM)."""
-    batch_tokens: float | None = None
-    """Tokens the current batch may reach (TGI ``tgi_batch_current_max_tokens``)."""
-
-
-def parse_metrics(text: str, server: ServerKind) -> ServerMetrics:
-    """Parse a Prometheus text exposition; raise ValueError when it is not one."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    sums: dict[str, float] = {}
-    maxima: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                value = float(sample.value)
-                if not math.isfinite(value):
-                    continue
-                sums[sample.name] = sums.get(sample.name, 0.0) + value
-                maxima[sample.name] = max(maxima.get(sample.name, value), value)
-    except Exception as exc:  # the parser raises ValueError and friends on malformed lines
-        raise ValueError(f"not a Prometheus text exposition: {exc}") from exc
-    if server == "tgi":
-        return ServerMetrics(
-            running=sums.get(_TGI_BATCH),
-            waiting=sums.get(_TGI_QUEUE),
-            batch_tokens=sums.get(_TGI_BATCH_TOKENS),
-        )
-    cache = next((maxima[name] for name in _VLLM_CACHE if name in maxima), None)
-    return ServerMetrics(running=sums.get(_VLLM_RUNNING), waiting=sums.get(_VLLM_WAITING), kv_cache_usage=cache)
+def parse_metrics(text: str, server: ServerSetting = "auto") -> ServerMetrics:
+    """Parse a Prometheus text exposition as ``server``'s metrics (``auto``: whichever server exported them;
+    another server than the one named is read as the one it is); ValueError when it is not an exposition."""
+    return read_server(parse_exposition(text), None if server == "auto" else server).metrics
 
 
 @dataclass(frozen=True, slots=True)
 class GpuSample:
-    memory_used_fraction: float
-    """Worst (largest) used / total memory over the GPUs asked for."""
+    memory_used_fraction: float | None
+    """Worst (largest) used / total memory over the GPUs asked for (``None``: no memory signal, see
+    :class:`IdleMemory`)."""
     utilization: float | None = None
     """Worst GPU utilisation over them, 0..1 (``None`` when NVML did not report it)."""
 
@@ -175,6 +156,89 @@ class NvmlProbe:
         return GpuSample(memory, utilization)
 
 
+class IdleMemory:
+    """GPU memory above what the GPUs hold while their server is idle, as a fraction of what is left then.
+
+    vLLM, SGLang and TGI reserve most of the GPU's memory when they start (vLLM's ``--gpu-memory-utilization``
+    0.9 by default) and keep the KV cache inside it, so NVML reads ~0.9 whether they serve nothing or are
+    full; their KV-cache usage comes from ``/metrics`` instead. Next to such a server the memory signal is
+    ``(used - idle) / (1 - idle)``, ``idle`` being the lowest reading taken while the server answered its
+    metrics and had no request running and none in flight through the proxy: 0 while the server keeps to
+    what it reserved, rising when something else takes the GPU's memory (another process, a server that grows
+    past its reservation). Until such an idle reading exists there is no memory signal; :meth:`reset` (the
+    endpoint stopped answering, e.g. the server restarts) forgets the floor.
+    """
+
+    __slots__ = ("_floor",)
+
+    def __init__(self) -> None:
+        self._floor: float | None = None
+
+    @property
+    def floor(self) -> float | None:
+        """The idle reading (used / total), ``None`` before one."""
+        return self._floor
+
+    def observe_idle(self, fraction: float) -> None:
+        """A reading taken while the server was idle."""
+        if 0.0 <= fraction <= 1.0:
+            self._floor = fraction if self._floor is None else min(self._floor, fraction)
+
+    def reset(self) -> None:
+        self._floor = None
+
+    def above_idle(self, sample: GpuSample) -> GpuSample:
+        """``sample`` with its memory read as the share of the idle headroom in use (``None`` before a floor)."""
+        used = sample.memory_used_fraction
+        if used is None or self._floor is None:
+            return replace(sample, memory_used_fraction=None)
+        headroom = 1.0 - self._floor
+        share = 1.0 if used > self._floor else 0.0
+        if headroom > 0:
+            share = (used - self._floor) / headroom
+        return replace(sample, memory_used_fraction=max(0.0, min(1.0, share)))
+
+
+class SignalUpkeep:
+    """One deployment's signal bookkeeping between background steps (no clock of its own: times are passed).
+
+    * :attr:`idle_memory`: the GPU memory floor of a server that reserves its memory up front;
+    * :meth:`report_due`: whether the signal report (server, problems) must be written to the shared store:
+      when it changed, or ``refresh`` seconds after the last write (the stored report lapses unless renewed);
+    * :meth:`preemptions_to_log`: the preemptions to name in a log line now, at most one line per ``interval``
+      (the preemptions in between are summed into the next line).
+    """
+
+    __slots__ = ("_logged_at", "_published", "_published_at", "_unlogged", "idle_memory")
+
+    def __init__(self) -> None:
+        self.idle_memory = IdleMemory()
+        self._published: object = None
+        self._published_at = float("-inf")
+        self._logged_at = float("-inf")
+        self._unlogged = 0.0
+
+    def report_due(self, report: object, now: float, refresh: float) -> bool:
+        """True (and noted as written) when ``report`` differs from the last one written or ``refresh``
+        seconds passed since; call :meth:`report_failed` when the write then fails."""
+        if report == self._published and now - self._published_at < refresh:
+            return False
+        self._published, self._published_at = report, now
+        return True
+
+    def report_failed(self) -> None:
+        """The last write did not land: the next step tries again."""
+        self._published, self._published_at = None, float("-inf")
+
+    def preemptions_to_log(self, rise: float, now: float, interval: float) -> float | None:
+        """Add ``rise`` preemptions; the count to log now (all since the last line), or ``None`` to stay quiet."""
+        self._unlogged += max(0.0, rise)
+        if self._unlogged <= 0 or now - self._logged_at < interval:
+            return None
+        count, self._unlogged, self._logged_at = self._unlogged, 0.0, now
+        return count
+
+
 def held_at_scrape(scraped_at: float, started: float, ended: float, prompt_tokens: int, output_tokens: int) -> float:
     """KV-cache tokens a request that has now finished held when the last scrape's reading was taken: its
     prompt and the part of its output generated by then (generation taken as even over its lifetime); 0
@@ -215,11 +279,18 @@ def server_signals(
         if metrics.waiting is not None:
             signals["server_queue"] = metrics.waiting / server_queue_limit
     if gpu is not None:
-        signals["gpu_memory"] = gpu.memory_used_fraction
+        if gpu.memory_used_fraction is not None:
+            signals["gpu_memory"] = gpu.memory_used_fraction
         if gpu_utilization and gpu.utilization is not None:
             signals["gpu_compute"] = gpu.utilization
     return signals
 
+
+SIGNAL_REPORT_REFRESH_SECONDS = 30.0
+"""An unchanged signal report (server answering, problems) is written to the shared store again this often,
+per deployment and replica; a changed one at once."""
+SIGNAL_REPORT_TTL_SECONDS = 90.0
+"""A stored signal report that no replica renewed for this long lapses (``status`` then shows none)."""
 
 SCRAPE_FAILURES_BEFORE_WARNING = 2
 """Consecutive failed scrapes of one endpoint before it is reported. The first scrape starts with the first
@@ -228,12 +299,39 @@ tokenizer's load); a loop held past the scrape timeout fails the scrape (``Conne
 is up. Until the last good reading goes stale a failure changes no decision, so one is not worth a warning."""
 
 
+@dataclass(frozen=True, slots=True)
+class SignalHealth:
+    """What a deployment's signals are worth now: the server answering (``None``: not recognised or never
+    read), the engines combined, and every problem that holds (:class:`~.servers.Finding`; empty: all well)."""
+
+    server: ServerKind | None
+    engines: int
+    findings: tuple[Finding, ...]
+
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        """The problems, each once, in the order found."""
+        return tuple(dict.fromkeys(f.problem for f in self.findings))
+
+
 @dataclass(slots=True)
 class _Scrape:
     at: float | None = None
     metrics: ServerMetrics | None = None
     failures: int = 0
     """Failed scrapes since the last good one."""
+    failure: str = ""
+    reading: ServerReading | None = None
+    """The last good scrape, read."""
+    capacity: int | None = None
+    """The last KV-cache capacity the server exported (kept while the endpoint is down: it does not change
+    while the server runs, and the next good scrape brings a new one)."""
+    counter: float | None = None
+    preempted: float = 0.0
+    """Rise of the server's preemption counter not yet taken (:meth:`SignalBoard.take_preemptions`)."""
+    reported: frozenset[Problem] = frozenset()
+    """Problems logged as appeared and not yet as cleared."""
+    override_noted: bool = False
 
 
 class SignalBoard:
@@ -251,31 +349,88 @@ class SignalBoard:
         self._gpu: dict[tuple[int, ...], tuple[float, GpuSample | None]] = {}
 
     async def scrape(
-        self, deployment_id: str, url: str, server: ServerKind, timeout: float, now: float
+        self,
+        deployment_id: str,
+        url: str,
+        server: ServerSetting,
+        timeout: float,
+        now: float,
+        *,
+        kv_cache_tokens: int | None = None,
     ) -> ServerMetrics | None:
-        """Fetch and parse one deployment's endpoint; keep the result; log transitions once (a failure when it
-        reaches :data:`SCRAPE_FAILURES_BEFORE_WARNING` in a row, the recovery only after such a warning)."""
+        """Fetch and read one deployment's endpoint as ``server`` (``auto``: whichever answers); keep the
+        result; log what changed once (see the module docstring). ``kv_cache_tokens``: the deployment's
+        configured capacity (then an exported one need not exist). ``None`` when the scrape failed."""
         state = self._scrapes.setdefault(deployment_id, _Scrape())
         try:
-            metrics = parse_metrics(await self._fetch(url, timeout), server)
+            exposition = parse_exposition(await self._fetch(url, timeout))
         except Exception as exc:
             state.failures += 1
+            state.failure = f"{type(exc).__name__}: {exc}"
             if state.failures == SCRAPE_FAILURES_BEFORE_WARNING:
                 logger.warning(
                     "litellm_ratebalance backpressure: cannot scrape %s for deployment %s (%d attempts in a row, the "
-                    "last %s: %s); it runs on its other signals until the endpoint answers",
+                    "last %s); it runs on its other signals until the endpoint answers",
                     url,
                     deployment_id,
                     state.failures,
-                    type(exc).__name__,
-                    exc,
+                    state.failure,
                 )
             return None
         if state.failures >= SCRAPE_FAILURES_BEFORE_WARNING:
             logger.info("litellm_ratebalance backpressure: metrics of deployment %s are back (%s)", deployment_id, url)
         state.failures = 0
-        state.at, state.metrics = now, metrics
+        reading = read_server(
+            exposition, None if server == "auto" else server, capacity_configured=kv_cache_tokens is not None
+        )
+        metrics = reading.metrics
+        if metrics.kv_capacity_tokens is not None:
+            state.capacity = metrics.kv_capacity_tokens
+        if metrics.preemptions is not None:
+            state.preempted += counter_rise(state.counter, metrics.preemptions)
+            state.counter = metrics.preemptions
+        self._report(deployment_id, url, state, reading, kv_cache_tokens)
+        state.at, state.metrics, state.reading = now, metrics, reading
         return metrics
+
+    def _report(
+        self, deployment_id: str, url: str, state: _Scrape, reading: ServerReading, kv_cache_tokens: int | None
+    ) -> None:
+        """Log each problem once when it appears and the problems that cleared (a deployment whose signals are
+        all there logs nothing), and a configured capacity that differs from the exported one, once."""
+        exported = reading.metrics.kv_capacity_tokens
+        if kv_cache_tokens is not None and exported is not None and not state.override_noted:
+            state.override_noted = True
+            if abs(kv_cache_tokens - exported) > 0.01 * exported:
+                log = logger.warning if kv_cache_tokens > exported else logger.info
+                log(
+                    "litellm_ratebalance backpressure: deployment %s: kv_cache_tokens %d overrides the %d tokens its "
+                    "server exports%s",
+                    deployment_id,
+                    kv_cache_tokens,
+                    exported,
+                    " (more than the server has: requests admitted on it may be preempted)"
+                    if kv_cache_tokens > exported
+                    else "",
+                )
+        problems = reading.problems
+        for finding in reading.findings:
+            if finding.problem not in state.reported:
+                logger.warning(
+                    "litellm_ratebalance backpressure: deployment %s (%s): %s [%s]",
+                    deployment_id,
+                    url,
+                    finding.detail,
+                    finding.problem.value,
+                )
+        cleared = sorted(p.value for p in state.reported - problems)
+        if cleared:
+            logger.info(
+                "litellm_ratebalance backpressure: deployment %s: signal problems cleared: %s",
+                deployment_id,
+                ", ".join(cleared),
+            )
+        state.reported = problems
 
     def sample_gpus(self, indices: Sequence[int], now: float) -> GpuSample | None:
         """Read the GPUs through the probe (no probe: ``None``) and keep the reading."""
@@ -297,9 +452,49 @@ class SignalBoard:
         return entry[1]
 
     def is_failing(self, deployment_id: str) -> bool:
-        state = self._scrapes.get(deployment_id)
         """Whether the last scrape of this deployment failed (reported or not yet)."""
+        state = self._scrapes.get(deployment_id)
         return state is not None and state.failures > 0
+
+    def capacity(self, deployment_id: str) -> int | None:
+        """The KV-cache capacity (tokens) the deployment's server last exported; ``None``: never."""
+        state = self._scrapes.get(deployment_id)
+        return None if state is None else state.capacity
+
+    def server(self, deployment_id: str) -> ServerKind | None:
+        """The server the last good scrape recognised (``None``: none yet, or not a supported one)."""
+        state = self._scrapes.get(deployment_id)
+        return None if state is None or state.reading is None else state.reading.server
+
+    def health(self, deployment_id: str) -> SignalHealth | None:
+        """The deployment's signal problems now (``None`` before its first scrape answered or was reported
+        as failing): those of the last good scrape, and :attr:`~.servers.Problem.UNREACHABLE` while the
+        endpoint has failed :data:`SCRAPE_FAILURES_BEFORE_WARNING` scrapes or more in a row."""
+        state = self._scrapes.get(deployment_id)
+        if state is None:
+            return None
+        failing = state.failures >= SCRAPE_FAILURES_BEFORE_WARNING
+        if state.reading is None and not failing:
+            return None
+        reading = state.reading
+        findings = reading.findings if reading is not None else ()
+        if failing:
+            unreachable = Finding(
+                Problem.UNREACHABLE, f"{state.failures} scrapes in a row failed, the last {state.failure}"
+            )
+            findings = (unreachable, *findings)
+        return SignalHealth(
+            reading.server if reading is not None else None, reading.engines if reading is not None else 0, findings
+        )
+
+    def take_preemptions(self, deployment_id: str) -> float:
+        """How far the server's preemption (vLLM) or retraction (SGLang) counter rose since the last call: 0 at
+        the first reading, and after a restart (the counter falls) its new value. Resets to 0."""
+        state = self._scrapes.get(deployment_id)
+        if state is None:
+            return 0.0
+        rise, state.preempted = state.preempted, 0.0
+        return rise
 
 
 def httpx_fetcher() -> Fetcher:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import math
 import random
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,8 +55,12 @@ class LiteLLMSurfaceChanged(RuntimeError):
 
 def _proxy_server() -> Any | None:
     """LiteLLM's proxy server module when this process runs the proxy, else None. Looked up, never imported:
-    importing it takes seconds and sets up the proxy's globals, which an SDK user's process must not get."""
-    return sys.modules.get("litellm.proxy.proxy_server")
+    importing it takes seconds and sets up the proxy's globals, which an SDK user's process must not get.
+    Python sets a submodule as an attribute of its package once it is imported, so the attribute of the
+    (light) ``litellm.proxy`` package says whether the server module is loaded."""
+    import litellm.proxy
+
+    return getattr(litellm.proxy, "proxy_server", None)
 
 
 def proxy_server_loaded() -> bool:
@@ -78,7 +81,7 @@ def general_setting(name: str) -> Any:
 
 
 def discover_redis_cache() -> Any | None:
-    """The proxy's shared ``RedisCache``, in LiteLLM's own order of precedence (see LITELLM-NOTES.md):
+    """The proxy's shared ``RedisCache``, looked for where LiteLLM's own limiters look, in their order:
 
     1. ``proxy_server.redis_usage_cache`` (what LiteLLM's limiters use),
     2. ``proxy_logging_obj.internal_usage_cache.dual_cache.redis_cache``,

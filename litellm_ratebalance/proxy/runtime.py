@@ -1,8 +1,13 @@
-"""Process-wide state shared by every adapter: settings, the store, the router, store-fault handling.
+"""Process-wide state shared by every adapter: settings, the store, the router, store-fault handling, and the
+registry through which the parts find each other.
 
 LiteLLM builds our callback instances at config load, before its Router and Redis exist, and with no
 arguments, so everything here is resolved lazily on first use and kept for the process. Tests and SDK
 users call :func:`configure` to hand in settings, a store or a router explicitly.
+
+No part imports another part's adapter: where one part needs another (routing asks backpressure which
+deployments would take a request; backpressure's lease path carries cost's marks), it asks the
+:class:`Registry` of the runtime for the role (:class:`DeploymentGate`, :class:`LeaseMeter`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from litellm_ratebalance.errors import ConfigurationError, StoreError, StoreFault, redact, redact_url
 from litellm_ratebalance.proxy import _litellm
@@ -22,7 +27,19 @@ from litellm_ratebalance.proxy.store_metrics import observe_loop_lag, store_call
 from litellm_ratebalance.settings import Settings, load_settings
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore, Store
 
-__all__ = ["FaultPolicy", "Runtime", "configure", "get_runtime", "reset_runtime"]
+if TYPE_CHECKING:
+    from litellm_ratebalance.store.metering import CostMark, MeterEnd, MeterStart
+
+__all__ = [
+    "DeploymentGate",
+    "FaultPolicy",
+    "LeaseMeter",
+    "Registry",
+    "Runtime",
+    "configure",
+    "get_runtime",
+    "reset_runtime",
+]
 
 logger = logging.getLogger("litellm_ratebalance")
 
@@ -66,8 +83,90 @@ class FaultPolicy:
         )
 
 
+class DeploymentGate(Protocol):
+    """Whether a deployment would take a request now. Backpressure provides it (its state in this process);
+    routing consults it, so that no strategy picks a deployment at its limit or shedding the request's tier."""
+
+    def gates_deployments(self) -> bool:
+        """Whether :meth:`deployment_available` can say False for any deployment now."""
+        ...
+
+    def deployment_available(self, deployment_id: str, priority: str | None = None) -> bool:
+        """Whether a request of ``priority`` would be admitted by ``deployment_id`` now (unknown: True)."""
+        ...
+
+
+class LeaseMeter(Protocol):
+    """What backpressure's lease path marks for cost attribution: the start mark rides on the lease acquire,
+    the end mark on its release, in the same atomic store step (see :mod:`litellm_ratebalance.store.metering`).
+    Cost provides it; every method is cheap and never raises into the lease path."""
+
+    def start_mark(self, deployment_id: str) -> MeterStart | None:
+        """What the acquire of a lease on ``deployment_id`` should mark (``None``: nothing)."""
+        ...
+
+    def lease_started(self, deployment_id: str, lease_id: str, mark: CostMark | None) -> None:
+        """``lease_id`` was taken with the start ``mark`` the store returned."""
+        ...
+
+    def lease_usage(self, lease_id: str, response: Any) -> None:
+        """The response of the request holding ``lease_id`` arrived (its usage counts)."""
+        ...
+
+    def end_mark(self, lease_id: str) -> MeterEnd | None:
+        """What the release of ``lease_id`` should mark (``None``: nothing)."""
+        ...
+
+    def lease_ended(self, lease_id: str, request: object, reserved_tokens: int, mark: CostMark | None) -> None:
+        """``lease_id`` was released with the end ``mark`` (``None``: the release failed)."""
+        ...
+
+
+class Registry:
+    """How the parts of one process find each other, by role (instead of importing each other's adapters).
+
+    * :attr:`deployment_gate`: the backpressure state of this process, once a backpressure hook built it
+      (``None`` until then, and when backpressure is not listed): the routing hooks consult it.
+    * :meth:`lease_meter`: the meter backpressure's lease path marks. Cost's meter by default, built on first
+      use: GPU-seconds of local deployments are metered whenever backpressure runs, whether or not the cost
+      callback is listed (``ratebalance.cost.enabled`` decides). :meth:`provide_lease_meter` replaces it.
+    * :meth:`on_reset`: what to stop when the runtime is reset (tests): background tasks of the parts.
+    """
+
+    __slots__ = ("_lease_meter", "_resets", "_settings", "deployment_gate")
+
+    def __init__(self, settings: Callable[[], Settings]) -> None:
+        self._settings = settings
+        self.deployment_gate: DeploymentGate | None = None
+        self._lease_meter: LeaseMeter | None = None
+        self._resets: list[Callable[[], None]] = []
+
+    def lease_meter(self) -> LeaseMeter:
+        if self._lease_meter is None:
+            # The default binding of the role (imported here, not at the top: the cost part imports this module).
+            from litellm_ratebalance.proxy.cost.meter import CostMeter
+
+            self._lease_meter = CostMeter(settings=self._settings)
+        return self._lease_meter
+
+    def provide_lease_meter(self, meter: LeaseMeter) -> None:
+        self._lease_meter = meter
+
+    def on_reset(self, stop: Callable[[], None]) -> None:
+        """Call ``stop`` (synchronous, must not raise) when this registry's runtime is replaced."""
+        self._resets.append(stop)
+
+    def reset(self) -> None:
+        for stop in self._resets:
+            try:
+                stop()
+            except Exception:  # a part's clean-up must not keep the others from theirs
+                logger.exception("litellm_ratebalance: stopping a part's background work failed")
+        self._resets.clear()
+
+
 class Runtime:
-    """Lazily resolved, process-wide dependencies of the adapters."""
+    """Lazily resolved, process-wide dependencies of the adapters, and the :class:`Registry` of the parts."""
 
     def __init__(self) -> None:
         self._settings: Settings | None = None
@@ -75,6 +174,7 @@ class Runtime:
         self._local_store: MemoryStore | None = None
         self._router: Any | None = None
         self.faults = FaultPolicy()
+        self.registry = Registry(self.settings)
         self._background: set[asyncio.Task[Any]] = set()
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
@@ -93,7 +193,7 @@ class Runtime:
     def settings(self) -> Settings:
         """Validated settings (raises ConfigurationError naming the key path on the first bad value)."""
         if self._settings is None:
-            self._settings = load_settings()
+            self._settings = load_settings(_litellm.general_setting)
         return self._settings
 
     # -- store ----------------------------------------------------------------------------------------
@@ -284,8 +384,9 @@ def configure(*, settings: Settings | None = None, store: Store | None = None, r
 
 
 def reset_runtime() -> None:
-    """Forget everything resolved so far (tests)."""
+    """Forget everything resolved so far, and stop the parts' background work (tests)."""
     global _runtime
+    _runtime.registry.reset()
     _runtime = Runtime()
 
 

@@ -38,18 +38,18 @@ from litellm_ratebalance.routing.estimator import MIN_LATENCY_SECONDS, effective
 from litellm_ratebalance.routing.fits import LoadFit, SizeFit
 from litellm_ratebalance.routing.inflight import MAX_IN_FLIGHT, InFlight
 from litellm_ratebalance.routing.live import shares_now
+from litellm_ratebalance.routing.records import RateAggregate, RateLimitObservation
 from litellm_ratebalance.routing.shares import cached, estimates, uniform
 from litellm_ratebalance.routing.snapshot import known_candidates
 from litellm_ratebalance.routing.types import Candidate, DeploymentEstimate
 from litellm_ratebalance.routing.view import GroupView
-from litellm_ratebalance.routing_records import RateAggregate, RateLimitObservation
 
 if TYPE_CHECKING:
     from litellm_ratebalance.store.routing import RoutingStore
 
 __all__ = ["RateBalancer"]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.routing")
 
 
 class RateBalancer:

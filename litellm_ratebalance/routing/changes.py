@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.evidence import FAILURE_STREAK
 from litellm_ratebalance.routing.fits import PRESUMED_SLOTS, LoadFit
+from litellm_ratebalance.routing.records import RateAggregate
 from litellm_ratebalance.routing.types import Candidate
 from litellm_ratebalance.routing.view import GroupView, note_answers
 from litellm_ratebalance.routing.window import add_to
-from litellm_ratebalance.routing_records import RateAggregate
 
 __all__ = ["change_cooldown", "changed", "probe"]
 

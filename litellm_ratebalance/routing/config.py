@@ -1,11 +1,12 @@
 """Settings of the routing part (``litellm_settings.ratebalance.routing``).
 
-``preset: proposal`` (:data:`PRESETS`) sets every addition to the proposal's algorithm off in one line:
-the proposal's sliding window, pooled SLA percentile, normal fit and independent weighted draw. The keys
-the preset sets cannot be given beside it; the proposal's own knobs (``window_seconds``, ``greediness``,
-``input_to_output_ratio``) and the sync's (``refresh_interval``, ``bucket_seconds``) can.
+``preset: plain`` (:data:`PRESETS`) turns every addition to the plain rate-balancing algorithm off in one
+line, leaving a sliding window, a pooled SLA percentile, a normal fit and an independent weighted draw. The
+keys the preset sets cannot be given beside it; the algorithm's own knobs (``window_seconds``, ``greediness``,
+``input_to_output_ratio``) and the sync's (``refresh_interval``, ``bucket_seconds``) can. ``preset:
+proposal``, its former name, still works and warns (:data:`DEPRECATED_PRESETS`).
 
-Three settings also come from the proposal's environment variables when the config does not set them
+Three settings also come from environment variables when the config does not set them
 (the config wins): ``RB_LLM_CLIENT_SLIDING_WINDOW_SIZE`` (``window_seconds``),
 ``RB_LLM_CLIENT_INPUT_TO_OUTPUT_TOKEN_RATIO`` (``input_to_output_ratio``) and
 ``RB_LLM_CLIENT_RATE_GREEDINESS_FACTOR`` (``greediness``).
@@ -22,7 +23,7 @@ from pydantic import Field, model_validator
 
 from litellm_ratebalance._config_base import SettingsModel
 
-__all__ = ["ENVIRONMENT_VARIABLES", "PRESETS", "RoutingSettings"]
+__all__ = ["DEPRECATED_PRESETS", "ENVIRONMENT_VARIABLES", "PRESETS", "RoutingSettings"]
 
 Ratio = Annotated[float, Field(gt=0.0, le=1e9)]
 
@@ -31,10 +32,11 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
     "input_to_output_ratio": "RB_LLM_CLIENT_INPUT_TO_OUTPUT_TOKEN_RATIO",
     "greediness": "RB_LLM_CLIENT_RATE_GREEDINESS_FACTOR",
 }
-"""Setting name -> the proposal's environment variable read when the config leaves the setting out."""
+"""Setting name -> the environment variable read when the config leaves the setting out (the names the
+algorithm's first published description used)."""
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "proposal": {
+    "plain": {
         "estimator": "normal",
         "prior_samples": 0.0,
         "exploration_share": 0.0,
@@ -51,9 +53,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "remeasure": False,
     },
 }
-"""Preset name -> the settings it fixes. ``proposal``: the proposal's algorithm with none of our additions
+"""Preset name -> the settings it fixes. ``plain``: the rate-balancing algorithm with none of the additions
 (no exploration, failure penalty, rate-limit scaling, stall or overdue evidence, load fit, change detection,
 recency weighting or re-measuring; an independent weighted draw per decision)."""
+
+DEPRECATED_PRESETS: dict[str, str] = {"proposal": "plain"}
+"""Former preset name -> its current name: still accepted, with a ``FutureWarning``."""
 
 _MAX_BUCKETS = 1200
 _WINDOW_LIMIT = 86_400
@@ -62,9 +67,10 @@ _WINDOW_LIMIT = 86_400
 class RoutingSettings(SettingsModel):
     """How the rate balancer measures deployments and turns the measurements into choice weights."""
 
-    preset: Literal["proposal"] | None = None
-    """A named set of the settings below (:data:`PRESETS`): ``proposal``, the proposal's pure algorithm. The
-    settings it fixes may not be given beside it."""
+    preset: Literal["plain"] | None = None
+    """A named set of the settings below (:data:`PRESETS`): ``plain``, the rate-balancing algorithm without
+    the additions. The settings it fixes may not be given beside it. (``proposal``, its former name, is read
+    as ``plain`` with a warning.)"""
     window_seconds: Annotated[int, Field(ge=0, le=_WINDOW_LIMIT)] = 120
     """Sliding window of samples. 0: no statistics at all, every choice is uniform (unordered round robin)."""
     bucket_seconds: Annotated[int, Field(ge=1, le=3600)] | None = None
@@ -78,12 +84,12 @@ class RoutingSettings(SettingsModel):
     greediness: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
     """Percentile of the pooled samples that a deployment must beat (the SLA). 0: uniform choice."""
     estimator: Literal["normal", "empirical"] = "normal"
-    """``normal``: probability from a normal fit of the deployment's rates (the proposal); ``empirical``:
+    """``normal``: probability from a normal fit of the deployment's rates (the plain algorithm); ``empirical``:
     the share of its own samples above the SLA."""
     prior_samples: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
     """Weight, in samples, of a neutral prior in each deployment's probability (``1 - greediness``): a
     deployment with few samples in the window keeps a fair chance, so a quiet one that got faster is
-    found. 0: the proposal's estimate."""
+    found. 0: the plain estimate."""
     refresh_interval: Annotated[float, Field(ge=0.01, le=300.0)] = 1.0
     """Seconds between synchronisations of the local view with the shared store (writes and reads)."""
     exploration_share: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
@@ -119,7 +125,7 @@ class RoutingSettings(SettingsModel):
     """Recency weighting inside the window: a bucket's samples count ``0.5 ** (age / half-life)`` in the
     estimates and in the pooled SLA, so a deployment whose rate changed is judged mostly on its new
     samples instead of waiting for the old ones to leave the window. Default: ``window_seconds / 4``
-    (30 s for the default window); 0: every sample in the window counts fully (the proposal)."""
+    (30 s for the default window); 0: every sample in the window counts fully (the plain algorithm)."""
     in_flight_evidence: bool = True
     """A request in flight longer than it was expected to take (what a request of its size takes there,
     when it sets ``max_tokens``; else its deployment's mean latency) counts, until it finishes, as a sample
@@ -158,9 +164,9 @@ class RoutingSettings(SettingsModel):
     """Send single re-measuring requests: one to every deployment after another one's change was detected,
     one per window to a deployment known from a single answer, one per ``failure_half_life_seconds`` to a
     deployment whose recent attempts mostly failed (only requests of at most the typical size go). False:
-    only exploration measures such deployments again (the proposal)."""
+    only exploration measures such deployments again (the plain algorithm)."""
     selection: Literal["random", "smooth", "least_loaded"] = "least_loaded"
-    """How a pick follows the shares. ``random``: an independent weighted draw per decision (the proposal).
+    """How a pick follows the shares. ``random``: an independent weighted draw per decision (the plain algorithm).
     ``smooth``: smooth weighted round robin per model group and replica (each candidate gains its share at
     every decision, the one with the most credit is picked and pays one decision's worth), so every
     deployment gets its share over any run of decisions without random bursts; in bootstrap it sends each
@@ -244,6 +250,14 @@ def _with_preset(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with the settings of its ``preset`` filled in; a setting the preset fixes, given beside it, is
     an error (an unknown preset name is left to the field's own check)."""
     name = data.get("preset")
+    if isinstance(name, str) and name in DEPRECATED_PRESETS:
+        current = DEPRECATED_PRESETS[name]
+        warnings.warn(
+            f"ratebalance.routing.preset: {name!r} is deprecated, use {current!r} (the same settings)",
+            FutureWarning,
+            stacklevel=2,
+        )
+        data, name = {**data, "preset": current}, current
     fixed = PRESETS.get(name) if isinstance(name, str) else None
     if fixed is None:
         return dict(data)

@@ -1,7 +1,7 @@
 """Pure rate-balancing estimator: window aggregates -> pooled SLA percentile -> weights.
 
 Nothing here does I/O or reads a clock. The aggregates it reads are
-:class:`~litellm_ratebalance.routing_records.RateAggregate`; :mod:`~litellm_ratebalance.routing.shares` turns
+:class:`~litellm_ratebalance.routing.records.RateAggregate`; :mod:`~litellm_ratebalance.routing.shares` turns
 a model group's view into :class:`DeploymentState` values and calls :func:`compute_shares` when it needs the
 shares of a set of candidate deployments.
 
@@ -12,7 +12,7 @@ Definitions (the proposal's meaning, with our additions marked *):
   timeout, 429, stall) is a sample with rate 0.
 * *A deployment's window is summarised by a :class:`RateAggregate`: count, failures, sum and sum of
   squares of the rates, latency, tokens, time-to-first-token, and a fixed log-spaced histogram of rates
-  (:mod:`~litellm_ratebalance.routing_records`). Aggregates add, so time buckets
+  (:mod:`~litellm_ratebalance.routing.records`). Aggregates add, so time buckets
   merge into a window and replicas into one picture, and a decision never walks samples.
 * **SLA** = the ``greediness`` percentile of the pooled samples of all candidates. *It is read from the
   merged histogram (linear interpolation of ranks as numpy's default, log-linear inside a bin), so it is
@@ -44,7 +44,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, Literal, NamedTuple
 
-from litellm_ratebalance.routing_records import RateAggregate, bin_bounds, bin_index
+from litellm_ratebalance.routing.records import RateAggregate, bin_bounds, bin_index
 
 __all__ = [
     "MIN_LATENCY_SECONDS",

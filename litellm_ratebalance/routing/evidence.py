@@ -27,9 +27,9 @@ from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import DeploymentState, headroom_multiplier
 from litellm_ratebalance.routing.fits import PRESUMED_SLOTS, LoadFit, SizeFit
 from litellm_ratebalance.routing.inflight import InFlight
+from litellm_ratebalance.routing.records import RateAggregate
 from litellm_ratebalance.routing.types import Candidate
 from litellm_ratebalance.routing.view import GroupView
-from litellm_ratebalance.routing_records import RateAggregate
 
 __all__ = [
     "FAILURE_STREAK",

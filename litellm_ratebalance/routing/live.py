@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from litellm_ratebalance.routing import evidence
 from litellm_ratebalance.routing.changes import changed
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import DeploymentState, Shares, reweigh, weigh
 from litellm_ratebalance.routing.evidence import BusyRow
-from litellm_ratebalance.routing.inflight import InFlight
+from litellm_ratebalance.routing.records import RateAggregate
 from litellm_ratebalance.routing.shares import LOCAL_RECOMPUTE_SECONDS, cached, settings_shares
 from litellm_ratebalance.routing.types import Candidate
 from litellm_ratebalance.routing.view import Cached, GroupView
-from litellm_ratebalance.routing_records import RateAggregate
 
 __all__ = ["MAX_LOAD_PATTERNS", "shares_now"]
 
@@ -94,20 +94,18 @@ def _live_states(
     out: list[DeploymentState] | None = None
     weighed: dict[int, tuple[float, float]] | None = {} if sla is not None else None
     memo = known.loaded
-    for i, queue, oldest, stall_limit, expected, timed in rows:
+    look = _Look(view, settings, known, now, sla)
+    for row in rows:
+        i, queue, oldest, _, _, timed = row
         c = candidates[i]
         if timed:
-            state_at_load, weight = _evidence_state(
-                view, settings, c, i, known, queue, oldest, now, stall_limit, expected, detect=detect, sla=sla
-            )
+            state_at_load, weight = _evidence_state(look, c, row, detect)
         else:
             # Nothing timed to see (stalled or overdue): the state depends on the load only.
             busy = len(queue)
             found = memo.get((i, busy))
             if found is None:
-                found = memo[(i, busy)] = _evidence_state(
-                    view, settings, c, i, known, queue, oldest, now, None, None, detect=False, sla=sla
-                )
+                found = memo[(i, busy)] = _evidence_state(look, c, (i, queue, oldest, None, None, False), False)
             state_at_load, weight = found
         if state_at_load is None:
             continue
@@ -122,26 +120,29 @@ def _live_states(
     return None if out is None else (out, weighed)
 
 
+@dataclass(frozen=True, slots=True)
+class _Look:
+    """What one look at the requests in flight here works from: the group's view, the settings, the cached
+    states of the candidate set, the time, and the SLA the shares are weighed against (None: not weighed)."""
+
+    view: GroupView
+    settings: RoutingSettings
+    known: Cached
+    now: float
+    sla: float | None
+
+
 def _evidence_state(
-    view: GroupView,
-    settings: RoutingSettings,
-    candidate: Candidate,
-    index: int,
-    known: Cached,
-    queue: InFlight,
-    oldest: float,
-    now: float,
-    stall_limit: float | None,
-    expected: tuple[float, float] | None,
-    *,
-    detect: bool,
-    sla: float | None,
+    look: _Look, candidate: Candidate, row: BusyRow, detect: bool
 ) -> tuple[DeploymentState | None, tuple[float, float] | None]:
-    """One candidate's state with its requests in flight here (None: its idle state stands), and its
-    ``weigh`` result given the ``sla``. ``stall_limit`` / ``expected``: the stall cut-off and the (latency,
-    work) for overdue evidence, or None where there is none to look for. Given the ``sla``, the bound of an
-    overdue request at a deployment without successful samples of its own is capped below it
-    (:data:`~litellm_ratebalance.routing.evidence.UNMEASURED_BOUND`)."""
+    """One candidate's state with its requests in flight here (``row``, :data:`~litellm_ratebalance.routing.
+    evidence.BusyRow`; None: its idle state stands), and its ``weigh`` result given the SLA. The row's stall
+    cut-off and (latency, work) for overdue evidence are None where there is none to look for. Given the SLA,
+    the bound of an overdue request at a deployment without successful samples of its own is capped below it
+    (:data:`~litellm_ratebalance.routing.evidence.UNMEASURED_BOUND`). ``detect``: act on a slowdown the
+    overdue requests reveal."""
+    view, settings, known, now, sla = look.view, look.settings, look.known, look.now, look.sla
+    index, queue, oldest, stall_limit, expected, _ = row
     deployment_id = candidate.id
     derived = view.derived
     state = known.states[index]

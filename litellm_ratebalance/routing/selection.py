@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 
 from litellm_ratebalance.routing.estimator import DeploymentState
 from litellm_ratebalance.routing.inflight import InFlight
+from litellm_ratebalance.routing.records import RateAggregate
 from litellm_ratebalance.routing.types import Candidate
-from litellm_ratebalance.routing_records import RateAggregate
 
 __all__ = [
     "best_expected_rate",

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import DeploymentState, Shares, compute_shares, headroom_multiplier
 from litellm_ratebalance.routing.evidence import FAILURE_STREAK, load_correction
+from litellm_ratebalance.routing.records import RateAggregate
 from litellm_ratebalance.routing.types import Candidate, DeploymentEstimate
 from litellm_ratebalance.routing.view import Cached, GroupView
-from litellm_ratebalance.routing_records import RateAggregate
 
 __all__ = [
     "LOCAL_RECOMPUTE_SECONDS",

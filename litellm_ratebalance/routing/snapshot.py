@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["known_candidates", "read_view", "routing_status", "view_estimates"]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.routing")
 
 
 async def read_view(

@@ -22,9 +22,9 @@ from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import DeploymentState, Shares
 from litellm_ratebalance.routing.fits import LoadFit, SizeFit
 from litellm_ratebalance.routing.inflight import InFlight
+from litellm_ratebalance.routing.records import RateAggregate, RateLimitObservation
 from litellm_ratebalance.routing.types import Candidate
 from litellm_ratebalance.routing.window import USAGE_WINDOW_MS, Derived, add_to, derive, one_answer, set_expected
-from litellm_ratebalance.routing_records import RateAggregate, RateLimitObservation
 
 if TYPE_CHECKING:
     from litellm_ratebalance.store.routing import RoutingSnapshot, RoutingStore

@@ -1,7 +1,7 @@
 """A model group's windows as of one store time: a pure function of the synced buckets and ``now``.
 
 :func:`derive` turns the buckets of a sync (per bucket index, per deployment, a
-:class:`~litellm_ratebalance.routing_records.RateAggregate`) into :class:`Derived`: per deployment its window
+:class:`~litellm_ratebalance.routing.records.RateAggregate`) into :class:`Derived`: per deployment its window
 (recency-weighted, the adaptive window when enabled), its failure window (age-weighted attempts and
 failures), its usage of the last minute (for configured tpm / rpm) and the latency and work a typical request
 of it takes. The decisions until the next sync read nothing else of the store.
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from litellm_ratebalance.routing.config import RoutingSettings
 from litellm_ratebalance.routing.estimator import recency_weight
-from litellm_ratebalance.routing_records import RateAggregate
+from litellm_ratebalance.routing.records import RateAggregate
 
 __all__ = ["USAGE_WINDOW_MS", "Derived", "add_to", "derive", "one_answer", "set_expected"]
 

@@ -12,6 +12,10 @@ The model of the GPU (all parameters in :class:`ServerSpec`):
 * **Memory cliff.** Each running request holds ``prompt + generated`` tokens of KV cache. When the cache
   would pass ``memory_tokens``, the server fails like a GPU out of memory: every running request gets a
   500 ``CUDA out of memory (simulated)`` and the cache is emptied. There is no graceful degradation.
+  With ``kv_overflow="preempt"`` it behaves as vLLM and SGLang do instead: a waiting request starts only when
+  its prompt fits, and when the running requests outgrow the cache the latest started ones are preempted
+  (back to the head of the queue, their cache freed, to be computed again), counted in
+  ``vllm:num_preemptions_total`` / ``sglang:num_retracted_requests_total``.
 * **Answer length.** By default a request generates exactly ``max_tokens`` tokens (``default_max_tokens``
   when unset), as benchmark clients that ignore end-of-sequence do, so its cost is known in advance. With
   ``answer_tokens = (low, high)`` every prompt has a natural answer length in that range instead
@@ -24,9 +28,11 @@ The model of the GPU (all parameters in :class:`ServerSpec`):
   summed per ``x-sim-cost-tag`` request header in ``/_sim/stats`` (``gpu_seconds_by_tag``), beside the
   engine's ``busy_seconds``; ``bench/bench_cost.py`` checks the proxy's attribution against them.
 
-Endpoints: ``POST /v1/chat/completions`` (non-streaming OpenAI JSON with usage), ``GET /metrics`` (vLLM
-names, or TGI's with ``metrics_flavor="tgi"``), and control endpoints under ``/_sim/``: ``stats``
-(counters), ``reset``, ``metrics_down`` (make ``/metrics`` answer 503, to test degradation).
+Endpoints: ``POST /v1/chat/completions`` (non-streaming OpenAI JSON with usage), ``GET /metrics`` (the
+names and labels of a one-engine vLLM V1 with ``metrics_flavor="vllm"``, TGI 3's with ``"tgi"``, SGLang's
+with ``"sglang"``, each with its KV-cache capacity, ``memory_tokens``; ``"none"``: process metrics only, as a
+vLLM started with ``--disable-log-stats``), and control endpoints under ``/_sim/``: ``stats`` (counters),
+``reset``, ``metrics_down`` (make ``/metrics`` answer 503, to test degradation).
 
 Use in-process with :class:`InferenceServer` (``async with``) or in a child process with
 :class:`InferenceServerProcess`, so a load generator's CPU does not distort the served timings.
@@ -71,9 +77,11 @@ class ServerSpec:
     prefill_tokens_per_second: float = 50_000.0
     default_max_tokens: int = 64
     model: str = "sim-llm"
-    metrics_flavor: Literal["vllm", "tgi"] = "vllm"
+    metrics_flavor: Literal["vllm", "tgi", "sglang", "none"] = "vllm"
     answer_tokens: tuple[int, int] | None = None
     """Natural answer lengths (inclusive range, tokens); ``None``: every request generates its max_tokens."""
+    kv_overflow: Literal["fail", "preempt"] = "fail"
+    """What a full KV cache does: fail every running request (an OOM), or preempt the latest started ones."""
 
     def __post_init__(self) -> None:
         if self.answer_tokens is not None:
@@ -117,6 +125,8 @@ class ServerStats:
     oom_events: int = 0
     oom_failures: int = 0
     """Requests failed by a simulated out-of-memory."""
+    preemptions: int = 0
+    """Requests preempted for want of KV cache (``kv_overflow="preempt"``)."""
     peak_running: int = 0
     peak_memory_tokens: int = 0
     busy_seconds: float = 0.0
@@ -171,7 +181,7 @@ class _Engine:
     async def _run(self) -> None:
         # Runs while there is work; exits when both lists are empty (next submit starts it again).
         while self.running or self.waiting:
-            while self.waiting and len(self.running) < self.spec.max_num_seqs:
+            while self.waiting and len(self.running) < self.spec.max_num_seqs and self._may_start(self.waiting[0]):
                 self.running.append(self.waiting.pop(0))
             self.running = [r for r in self.running if not r.done.done()]  # clients that went away
             prefilling = [r for r in self.running if not r.prefilled]
@@ -215,9 +225,24 @@ class _Engine:
             by_tag = self.stats.gpu_seconds_by_tag
             by_tag[request.tag] = by_tag.get(request.tag, 0.0) + share * scale
 
+    def _may_start(self, request: _Request) -> bool:
+        """Whether a waiting request may join the batch: always when overflow fails (the cliff), only when its
+        prompt and one token per running request fit when it preempts (as vLLM's scheduler)."""
+        if self.spec.kv_overflow == "fail":
+            return True
+        return self.memory_used + request.prompt_tokens + len(self.running) + 1 <= self.spec.memory_tokens
+
     def _out_of_memory(self, extra: int) -> bool:
-        """The next step needs one more token of cache per running request; past capacity, all fail."""
+        """The next step needs one more token of cache per running request; past capacity, all fail (or, with
+        ``kv_overflow="preempt"``, the latest started are preempted until the rest fit)."""
         if self.memory_used + extra <= self.spec.memory_tokens:
+            return False
+        if self.spec.kv_overflow == "preempt":
+            while len(self.running) > 1 and self.memory_used + len(self.running) > self.spec.memory_tokens:
+                request = self.running.pop()
+                request.generated, request.prefilled = 0, False  # its cache is freed: computed again later
+                self.waiting.insert(0, request)
+                self.stats.preemptions += 1
             return False
         self.stats.oom_events += 1
         self.stats.oom_failures += len(self.running)
@@ -235,6 +260,7 @@ class InferenceServer:
         self.spec = spec or ServerSpec()
         self._engine = _Engine(self.spec)
         self._metrics_down = False
+        self._started_at = time.time()
         self._runner: web.AppRunner | None = None
         self._port = port
 
@@ -326,26 +352,48 @@ class InferenceServer:
         return web.Response(text=self.metrics_text(), content_type="text/plain")
 
     def metrics_text(self) -> str:
-        """The Prometheus text exposition ``/metrics`` serves."""
-        engine = self._engine
-        if self.spec.metrics_flavor == "tgi":
+        """The Prometheus text exposition ``/metrics`` serves (see the module docstring)."""
+        engine, spec = self._engine, self.spec
+        running, waiting = len(engine.running), len(engine.waiting)
+        usage = engine.memory_used / spec.memory_tokens
+        rows: list[tuple[str, str, str, float]]
+        if spec.metrics_flavor == "tgi":
             batch_tokens = sum(r.prompt_tokens + r.max_tokens for r in engine.running)
-            rows: list[tuple[str, str, str, float]] = [
-                ("tgi_queue_size", "gauge", "", len(engine.waiting)),
-                ("tgi_batch_current_size", "gauge", "", len(engine.running)),
-                ("tgi_batch_current_max_tokens", "gauge", "", batch_tokens),
-            ]
-        else:
-            label = f'{{model_name="{self.spec.model}"}}'
             rows = [
-                ("vllm:num_requests_running", "gauge", label, len(engine.running)),
-                ("vllm:num_requests_waiting", "gauge", label, len(engine.waiting)),
-                ("vllm:gpu_cache_usage_perc", "gauge", label, engine.memory_used / self.spec.memory_tokens),
+                ("tgi_queue_size", "gauge", "", waiting),
+                ("tgi_batch_current_size", "gauge", "", running),
+                ("tgi_batch_current_max_tokens", "gauge", "", batch_tokens),
+                ("tgi_batch_max_total_tokens", "gauge", "", spec.memory_tokens),
             ]
+        elif spec.metrics_flavor == "sglang":
+            label = f'{{engine_type="unified",model_name="{spec.model}",pp_rank="0",tp_rank="0"}}'
+            rows = [
+                ("sglang:num_running_reqs", "gauge", label, running),
+                ("sglang:num_queue_reqs", "gauge", label, waiting),
+                ("sglang:num_used_tokens", "gauge", label, engine.memory_used),
+                ("sglang:token_usage", "gauge", label, usage),
+                ("sglang:max_total_num_tokens", "gauge", label, spec.memory_tokens),
+                ("sglang:num_retracted_requests_total", "counter", label, engine.stats.preemptions),
+            ]
+        elif spec.metrics_flavor == "none":
+            rows = [
+                ("process_start_time_seconds", "gauge", "", self._started_at),
+                ("http_requests_total", "counter", '{handler="/v1/chat/completions",method="POST",status="2xx"}',
+                 engine.stats.completed),
+            ]  # fmt: skip
+        else:
+            label = f'{{engine="0",model_name="{spec.model}"}}'
+            rows = [
+                ("vllm:num_requests_running", "gauge", label, running),
+                ("vllm:num_requests_waiting", "gauge", label, waiting),
+                ("vllm:gpu_cache_usage_perc", "gauge", label, usage),
+                ("vllm:kv_cache_usage_perc", "gauge", label, usage),
+                ("vllm:num_preemptions_total", "counter", label, engine.stats.preemptions),
+                ("vllm:cache_config_info", "gauge",
+                 f'{{block_size="1",engine="0",num_gpu_blocks="{spec.memory_tokens}"}}', 1),
+            ]  # fmt: skip
         lines: list[str] = []
-        row: tuple[str, str, str, float]
-        for row in rows:
-            name, kind, labels, value = row
+        for name, kind, labels, value in rows:
             lines += [f"# HELP {name} simulated", f"# TYPE {name} {kind}", f"{name}{labels} {float(value)}"]
         return "\n".join(lines) + "\n"
 

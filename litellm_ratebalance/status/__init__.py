@@ -36,7 +36,13 @@ JSON output (``--json``), schema 1; keys are stable, new keys may be added::
                           "failures": float (both recency-weighted when routing weighs by age),
                           "routing_mode": str, "in_flight": int|null, "reserved_tokens": int|null,
                           "concurrency_limit": {"min": int, "initial": int, "max": int}|null,
-                          "gpu_seconds_per_1k_output_tokens": float|null}]}],
+                          "gpu_seconds_per_1k_output_tokens": float|null,
+                          "signals": null (not behind backpressure) | {
+                              "metrics_url": bool, "server": "vllm"|"tgi"|"sglang"|null,
+                              "problems": [str] (codes: unreachable, unrecognised, server_mismatch,
+                                         no_kv_usage, no_kv_capacity, no_queue, out_of_range),
+                              "detail": str (one "<code>: <text>" line per problem),
+                              "age_seconds": float|null (null: no replica reported lately)}}]}],
      "contracts": null | {
          "window_seconds": int, "window_start": int (s), "reset_seconds": int,
          "features": [{"feature": str, "requests": int, "rpm_limit": int|null, "tokens": int,
@@ -50,6 +56,9 @@ Contract modes are those the *next* request would get (one request, one token): 
 ``borrowed`` (over its feature's contract) or ``degraded`` (the basket is full). Backpressure's adaptive
 concurrency limit lives in each replica (gauge ``litellm_ratebalance_backpressure_concurrency_limit``);
 the store holds the in-flight leases of all replicas, so status shows in flight and the configured range.
+Each replica that scrapes a deployment's ``metrics_url`` writes what its signals are worth (the server
+answering, every problem) to the store; status shows the last report, or none when no replica renewed it
+for 90 s.
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ from litellm_ratebalance.status.report import (
     DeploymentStatus,
     GroupStatus,
     PoolStatus,
+    SignalStatus,
     StatusReport,
     contracts_status,
     group_status,
@@ -86,6 +96,7 @@ __all__ = [
     "ProxyConfig",
     "RedisTarget",
     "SentinelSet",
+    "SignalStatus",
     "StatusReport",
     "collect",
     "config_deployments",

@@ -16,6 +16,7 @@ from litellm_ratebalance.status.report import (
     ContractsStatus,
     DeploymentStatus,
     GroupStatus,
+    SignalStatus,
     StatusReport,
     contracts_status,
     group_status,
@@ -38,10 +39,18 @@ async def _store_time_ms(store: Any) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+async def _signal_status(store: Any, deployment_id: str, metrics_url: bool, now_ms: int) -> SignalStatus:
+    report = await store.signal_report_read(deployment_id)
+    if report is None:
+        return SignalStatus(metrics_url, None, (), "", None)
+    age = max(0.0, (now_ms - report.reported_ms) / 1000)
+    return SignalStatus(metrics_url, report.server, report.problems, report.detail, age)
+
+
 async def _deployment_statuses(
-    store: Any, settings: Settings, model_group: str, deployments: Sequence[ConfigDeployment]
+    store: Any, settings: Settings, model_group: str, deployments: Sequence[ConfigDeployment], now_ms: int
 ) -> list[DeploymentStatus]:
-    from litellm_ratebalance.proxy.routing import deployment_candidates
+    from litellm_ratebalance.routing.model_info import read_candidates
     from litellm_ratebalance.routing.snapshot import read_view, view_estimates
     from litellm_ratebalance.routing.types import Candidate
 
@@ -53,7 +62,7 @@ async def _deployment_statuses(
         view = await read_view(store, routing, model_group)
     except Exception as exc:
         raise StoreError(f"reading routing statistics failed: {exc}") from exc
-    candidates = deployment_candidates([d.deployment for d in deployments]) or ()
+    candidates = read_candidates([d.deployment for d in deployments]) or ()
     # Shares among exactly the configured deployments (what only a serving replica knows is left out): the
     # figures routing_status gives.
     estimates = view_estimates(view, routing, list(candidates))
@@ -64,6 +73,10 @@ async def _deployment_statuses(
     for d, lease in zip(deployments, leases, strict=True):
         estimate = estimates.get(d.deployment_id)
         config = backpressure.for_deployment(d.deployment_id, d.deployment.get("model_info"))
+        managed = config.enabled and backpressure.enabled
+        signals = (
+            await _signal_status(store, d.deployment_id, config.metrics_url is not None, now_ms) if managed else None
+        )
         out.append(
             DeploymentStatus(
                 deployment_id=d.deployment_id,
@@ -75,9 +88,10 @@ async def _deployment_statuses(
                 in_flight=lease.inflight,
                 reserved_tokens=lease.reserved_tokens,
                 concurrency_limit=ConcurrencyRange(config.min_limit, config.initial_limit, config.max_limit)
-                if config.enabled and backpressure.enabled
+                if managed
                 else None,
                 gpu_seconds_per_1k_output_tokens=efficiency[d.deployment_id],
+                signals=signals,
             )
         )
     # Deployments the store has statistics for that the config does not list (models added through the
@@ -146,7 +160,7 @@ async def collect(
                 snapshot=snapshot,
                 settings=settings,
                 now_ms=now_ms,
-                deployments=await _deployment_statuses(store, settings, name, members),
+                deployments=await _deployment_statuses(store, settings, name, members, now_ms),
             )
         )
     contracts_settings = settings.ratebalance.traffic_contracts

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from litellm_ratebalance.overload.signals import SIGNAL_REPORT_TTL_SECONDS
 from litellm_ratebalance.status.report import (
     GPU_COLUMN_NOTE,
     NOT_IN_CONFIG,
@@ -15,6 +16,7 @@ from litellm_ratebalance.status.report import (
     ContractLine,
     DeploymentStatus,
     GroupStatus,
+    SignalStatus,
     StatusReport,
 )
 
@@ -47,6 +49,7 @@ def report_json(report: StatusReport) -> dict[str, Any]:
             if limit is None
             else {"min": limit.min, "initial": limit.initial, "max": limit.max},
             "gpu_seconds_per_1k_output_tokens": _round(d.gpu_seconds_per_1k_output_tokens),
+            "signals": None if d.signals is None else _signals_json(d.signals),
         }
 
     def group(g: GroupStatus) -> dict[str, Any]:
@@ -124,6 +127,32 @@ def report_json(report: StatusReport) -> dict[str, Any]:
             for r in report.replicas
         ],
     }
+
+
+def _signals_json(s: SignalStatus) -> dict[str, Any]:
+    return {
+        "metrics_url": s.metrics_url,
+        "server": s.server,
+        "problems": list(s.problems),
+        "detail": s.detail,
+        "age_seconds": _round(s.age_seconds, 1),
+    }
+
+
+def _signal_lines(deployment_id: str, s: SignalStatus) -> list[str]:
+    """What a deployment's signals are worth, under the deployments table: one line, and one more per problem."""
+    where = f"  signals of {_short_id(deployment_id)}:"
+    if not s.metrics_url:
+        return [f"{where} no metrics_url (concurrency limit only)"]
+    if s.age_seconds is None:
+        return [f"{where} no report (no replica scraped its metrics_url in the last {SIGNAL_REPORT_TTL_SECONDS:.0f}s)"]
+    server = s.server or "no supported server"
+    age = f"reported {s.age_seconds:.0f}s ago"
+    if not s.problems:
+        return [f"{where} {server}, every signal read ({age})"]
+    lines = [f"{where} {server}; PROBLEMS {', '.join(s.problems)} ({age})"]
+    lines.extend(f"    {line}" for line in s.detail.splitlines() if line.strip())
+    return lines
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
@@ -233,6 +262,9 @@ def format_table(report: StatusReport) -> str:
                 )
             )
             lines.append(f"  {GPU_COLUMN_NOTE}")
+            for d in g.deployments:
+                if d.signals is not None:
+                    lines.extend(_signal_lines(d.deployment_id, d.signals))
     contracts = report.contracts
     if contracts is not None:
         lines.append("")

@@ -30,6 +30,7 @@ __all__ = [
     "DeploymentStatus",
     "GroupStatus",
     "PoolStatus",
+    "SignalStatus",
     "StatusReport",
     "contracts_status",
     "group_status",
@@ -70,6 +71,22 @@ class ConcurrencyRange:
 
 
 @dataclass(frozen=True, slots=True)
+class SignalStatus:
+    """What a backpressure deployment's server signals are worth, as the replicas scraping it last reported."""
+
+    metrics_url: bool
+    """The deployment has a ``metrics_url`` (without one it runs on its concurrency limit alone)."""
+    server: str | None
+    """The server answering (``vllm``, ``tgi``, ``sglang``); ``None``: not recognised, or no report."""
+    problems: tuple[str, ...]
+    """Problem codes (docs/backpressure.md); empty when every signal is read."""
+    detail: str
+    """One line per problem: ``<code>: <what is wrong and what to do>``."""
+    age_seconds: float | None
+    """Age of the report (store clock); ``None``: no replica reported within the report's lifetime."""
+
+
+@dataclass(frozen=True, slots=True)
 class DeploymentStatus:
     deployment_id: str
     estimated_rate: float
@@ -89,6 +106,8 @@ class DeploymentStatus:
     gpu_seconds_per_1k_output_tokens: float | None = None
     """Attributed GPU-seconds per 1000 output tokens of its recent requests (the cost state's decayed sums;
     None: no request was metered on it within the state's lifetime, or it is not behind backpressure)."""
+    signals: SignalStatus | None = None
+    """Its server signals (None: not managed by backpressure)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,6 +163,11 @@ class RedisAdmissionStore:
     _settings_args: dict[tuple[AdmissionLimits, int, int, float | None], str]
     _key_pairs: dict[str, list[str]]
 
+    def _init_admission(self) -> None:
+        """The caches of the script's arguments (called by the store's ``__init__``, as each part's is)."""
+        self._settings_args = {}
+        self._key_pairs = {}
+
     def _admission_keys(self, model_group: str) -> list[str]:
         keys = self._key_pairs.get(model_group)
         if keys is None:
@@ -227,7 +232,8 @@ class RedisAdmissionStore:
         raw, estimate = await self._runner.call("reading the admission window", read)
         if not raw:
             return None
-        values = {_text(k): int(_text(v)) for k, v in raw.items()}
+        # Counters are integers; ``g`` (the headroom taken, see the script) is not and is not shown.
+        values = {_text(k): int(float(_text(v))) for k, v in raw.items()}
         return _snapshot(values, window_ms, float(_text(estimate)) if estimate is not None else None)
 
 

@@ -10,8 +10,9 @@ A store is one of two backends with the same behaviour:
 
 The protocol is the union of one protocol per product part; each part's operations, typed results and
 both implementations live in that part's module (``admission``, ``routing``, ``contracts``,
-``concurrency``, ``cost``, ``replicas``). Every method raises :class:`~litellm_ratebalance.errors.StoreError`
-on a backend fault and nothing else; what to do then (fail open / closed) is the caller's decision.
+``concurrency``, ``cost``, ``replicas``, ``signals``). Every method raises
+:class:`~litellm_ratebalance.errors.StoreError` on a backend fault and nothing else; what to do then (fail
+open / closed) is the caller's decision.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ from litellm_ratebalance.store.cost import CostStore
 from litellm_ratebalance.store.keys import KeySpace
 from litellm_ratebalance.store.replicas import ReplicaStore
 from litellm_ratebalance.store.routing import RoutingStore
+from litellm_ratebalance.store.signals import SignalStore
 
 __all__ = ["Store"]
 
 
-class Store(AdmissionStore, RoutingStore, ContractStore, ConcurrencyStore, CostStore, ReplicaStore, Protocol):
+class Store(
+    AdmissionStore, RoutingStore, ContractStore, ConcurrencyStore, CostStore, ReplicaStore, SignalStore, Protocol
+):
     backend: str
     """``"redis"`` or ``"memory"``."""
 

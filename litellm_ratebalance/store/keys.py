@@ -95,6 +95,10 @@ class KeySpace:
         """Hash tag shared by every concurrency/lease key of one deployment."""
         return f"{self.prefix}:{{bp:{escape_name(deployment_id)}}}"
 
+    def signal_report(self, deployment_id: str) -> str:
+        """Hash of one deployment's signal report (server answering, problems of its signals)."""
+        return f"{self.concurrency_tag(deployment_id)}:signals"
+
     # -- cost attribution ---------------------------------------------------------------------------
     def cost_state(self, deployment_id: str) -> str:
         """Hash of one deployment's sharing clock and efficiency sums; the same hash tag as its leases,

@@ -139,11 +139,16 @@ class ResponsiveDeadline:
         return min(self._seconds - self.responsive(), self._cap - self.elapsed())
 
     def _expired(self) -> StallTimeout:
-        return StallTimeout(
-            f"no reply within {self._seconds:g}s ({self.elapsed():.2f}s elapsed, "
-            f"{self.responsive():.2f}s of it with the event loop free)",
-            busy=self.elapsed() >= self._cap and self.responsive() < self._seconds,
-        )
+        elapsed, responsive = self.elapsed(), self.responsive()
+        busy = elapsed >= self._cap and responsive < self._seconds
+        if busy:
+            message = (
+                f"this process's event loop was stalled for {elapsed - responsive:.2f}s of {elapsed:.2f}s: "
+                "no reply could be read"
+            )
+        else:
+            message = f"no reply within {self._seconds:g}s while the event loop was free ({elapsed:.2f}s elapsed)"
+        return StallTimeout(message, busy=busy)
 
     def arm(self, target: asyncio.Future[Any]) -> _Rearming:
         """Fail ``target`` with :class:`StallTimeout` when the deadline runs out, unless it is done by then.

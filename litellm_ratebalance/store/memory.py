@@ -13,6 +13,7 @@ from litellm_ratebalance.store.cost import MemoryCostStore
 from litellm_ratebalance.store.keys import KeySpace
 from litellm_ratebalance.store.replicas import MemoryReplicaStore
 from litellm_ratebalance.store.routing import MemoryRoutingStore
+from litellm_ratebalance.store.signals import MemorySignalStore
 
 __all__ = ["MemoryStore"]
 
@@ -24,6 +25,7 @@ class MemoryStore(
     MemoryConcurrencyStore,
     MemoryCostStore,
     MemoryReplicaStore,
+    MemorySignalStore,
 ):
     """The store in this process's memory: one proxy process, same semantics as Redis.
 
@@ -42,6 +44,7 @@ class MemoryStore(
         self._init_contracts()
         self._init_concurrency()
         self._init_replicas()
+        self._init_signals()
 
     async def ping(self) -> None:
         return None

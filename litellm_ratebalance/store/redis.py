@@ -12,6 +12,7 @@ from litellm_ratebalance.store.cost import RedisCostStore
 from litellm_ratebalance.store.keys import KeySpace
 from litellm_ratebalance.store.replicas import RedisReplicaStore
 from litellm_ratebalance.store.routing import RedisRoutingStore
+from litellm_ratebalance.store.signals import RedisSignalStore
 
 __all__ = ["RedisStore"]
 
@@ -23,6 +24,7 @@ class RedisStore(
     RedisConcurrencyStore,
     RedisCostStore,
     RedisReplicaStore,
+    RedisSignalStore,
 ):
     """The store over a ``redis.asyncio`` client (``Redis`` or ``RedisCluster``).
 
@@ -58,8 +60,7 @@ class RedisStore(
             observer=observer,
         )
         self._owns_client = owns_client
-        self._settings_args = {}
-        self._key_pairs = {}
+        self._init_admission()
 
     @property
     def client(self) -> Any:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from litellm_ratebalance.errors import StoreError
-from litellm_ratebalance.routing_records import RateAggregate, RateLimitObservation
+from litellm_ratebalance.routing.records import RateAggregate, RateLimitObservation
 from litellm_ratebalance.store._scripts import ScriptRunner, map_late
 from litellm_ratebalance.store.keys import KeySpace
 

@@ -96,7 +96,7 @@ def mock_deployment(
     """A ``model_list`` entry served by LiteLLM's ``mock_response`` (no upstream at all).
 
     ``max_parallel_requests`` is set high by default: LiteLLM otherwise derives a small one from
-    ``rpm``/``tpm`` and refuses bursts itself before any callback sees them (LITELLM-NOTES.md).
+    ``rpm``/``tpm`` and refuses bursts itself before any callback sees them.
     ``mock_delay`` (seconds) keeps requests in flight. For an embedding deployment pass
     ``model="openai/text-embedding-3-small", mock_response=[0.1, 0.2]`` (LiteLLM's mock embedding reports
     10 prompt tokens). ``mock_response="litellm.InternalServerError"`` makes every call fail.

@@ -8,7 +8,7 @@ from fastapi import HTTPException
 from litellm.proxy._types import UserAPIKeyAuth
 from litellm.router import Router
 
-from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
+from litellm_ratebalance.proxy.admission import PriorityRateLimiter
 from litellm_ratebalance.proxy.runtime import Runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import Store

@@ -14,7 +14,7 @@ import pytest
 
 from litellm_ratebalance.overload.signals import SCRAPE_FAILURES_BEFORE_WARNING, SignalBoard
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.backpressure_refusals import (
+from litellm_ratebalance.proxy.backpressure.refusals import (
     LITELLM_LOGGERS,
     MARK,
     REFUSAL_LOG,
@@ -23,7 +23,11 @@ from litellm_ratebalance.proxy.backpressure_refusals import (
 )
 
 OURS = "litellm_ratebalance.backpressure"
-VLLM = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.1\n"
+VLLM = (
+    "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.1\n"
+    'vllm:cache_config_info{block_size="16",num_gpu_blocks="2048"} 1\n'
+)
+"""A vLLM body with every signal (the capacity included): only the endpoint's failures can be reported."""
 
 
 class Clock:

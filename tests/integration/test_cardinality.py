@@ -16,9 +16,9 @@ import pytest
 from litellm.proxy._types import UserAPIKeyAuth
 from prometheus_client import REGISTRY
 
-from litellm_ratebalance.proxy import routing_calls as routing_adapter
+from litellm_ratebalance.proxy.admission import PriorityRateLimiter
 from litellm_ratebalance.proxy.contracts import TrafficContractsCallback
-from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
+from litellm_ratebalance.proxy.routing import calls as routing_adapter
 from litellm_ratebalance.store import KeySpace, RedisStore
 from tests.integration import contracts_support as contracts
 from tests.integration import limiter_support as limiter
@@ -132,7 +132,7 @@ class CountingRouter:
 
 
 def test_the_capacity_cache_is_a_bounded_lru_that_never_stores_unknown_names() -> None:
-    from litellm_ratebalance.proxy.capacity import CapacityCache
+    from litellm_ratebalance.proxy.admission.capacity import CapacityCache
 
     router = CountingRouter(["a", "b", "c", "d"])
     cache = CapacityCache(60.0, clock=lambda: 0.0, max_entries=3)

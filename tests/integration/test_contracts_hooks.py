@@ -271,7 +271,8 @@ async def test_unexpected_errors_never_reach_the_client(store: MemoryStore | Red
 
 
 def test_hooks_are_defined_on_the_class_itself() -> None:
-    # The proxy only calls these hooks when the registered class defines them (LITELLM-NOTES.md).
+    # The proxy calls these hooks only when the registered class defines them itself: it checks
+    # ``"async_pre_call_hook" in vars(type(callback))``, so an inherited one would be skipped silently.
     own = vars(TrafficContractsCallback)
     for hook in ("async_pre_call_hook", "async_post_call_response_headers_hook", "async_log_success_event"):
         assert hook in own

@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY
 
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
-from litellm_ratebalance.proxy.cost import CostCallback, cost_meter
+from litellm_ratebalance.proxy.cost import CostCallback, CostMeter, cost_meter
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.simulate.inference_server import InferenceServer, ServerSpec
@@ -42,6 +42,13 @@ PROD = UserAPIKeyAuth(
     metadata={"priority": "dev", "feature": "cost-search"},
 )
 DEV = UserAPIKeyAuth(token="k-cost-dev", metadata={"priority": "dev"})
+
+
+def process_meter() -> CostMeter:
+    """The cost meter of the process runtime (the lease meter backpressure marks)."""
+    meter = cost_meter()
+    assert meter is not None
+    return meter
 
 
 def value(name: str, **labels: str) -> float:
@@ -137,7 +144,7 @@ async def test_counters_move_with_the_callers_labels(setup: tuple[Router, Infere
     used = sum(r.usage.prompt_tokens + r.usage.completion_tokens for r in local[:3])
     assert value("cost_tokens_total", **prod_labels, kind="used") - before["used"] == used
     assert value("cost_tokens_total", **prod_labels, kind="reserved") - before["reserved"] > 0
-    assert cost_meter().open_requests == 0
+    assert process_meter().open_requests == 0
 
 
 def total(name: str) -> float:
@@ -159,7 +166,7 @@ async def test_a_disabled_cost_part_meters_nothing(setup: tuple[Router, Inferenc
     response = await ask(router, "local", DEV, 5)
     assert response.usage.completion_tokens == 5  # served by the local deployment, through backpressure
     assert (total("gpu_seconds"), total("cost_tokens")) == before
-    assert cost_meter().open_requests == 0
+    assert process_meter().open_requests == 0
 
 
 async def test_a_flood_of_bogus_names_creates_a_bounded_set_of_series() -> None:
@@ -178,7 +185,7 @@ async def test_a_flood_of_bogus_names_creates_a_bounded_set_of_series() -> None:
         ),
         store=MemoryStore(),
     )
-    meter = cost_meter()
+    meter = process_meter()
     for index in range(300):
         who = UserAPIKeyAuth(
             token=f"k-flood-{index}",
@@ -219,7 +226,7 @@ async def test_the_request_may_name_its_feature_only_when_the_contracts_trust_it
     }
     labels = {"priority": "default", "team": "none", "feature": "cost-trusted", "source": "api"}
     before = value("cost_usd_total", **labels)
-    assert cost_meter().api_cost(kwargs, None) == 0.5
+    assert process_meter().api_cost(kwargs, None) == 0.5
     assert value("cost_usd_total", **labels) - before == 0.5
 
 
@@ -244,4 +251,4 @@ async def test_a_store_fault_leaves_the_request_served_and_unmetered(setup: tupl
         await asyncio.sleep(0.02)
     assert value("store_errors_total", component="backpressure", mode="open") == faults + 1
     assert total("gpu_seconds") == before
-    assert cost_meter().open_requests == 0
+    assert process_meter().open_requests == 0

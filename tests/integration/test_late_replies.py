@@ -14,8 +14,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from litellm_ratebalance.errors import StoreError, StoreFault
-from litellm_ratebalance.proxy.backpressure_admit import release_late_lease
-from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
+from litellm_ratebalance.proxy.admission import PriorityRateLimiter
+from litellm_ratebalance.proxy.backpressure.admit import release_late_lease
 from litellm_ratebalance.proxy.runtime import Runtime, configure, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import KeySpace, RedisStore
@@ -108,9 +108,12 @@ async def test_a_timed_out_admission_reserved_in_redis_is_given_back_and_its_set
     slow_path: DelayProxy, direct: aioredis.Redis, fail_mode: str
 ) -> None:
     limiter = slow_limiter(slow_path.url, make_router(rpm=100, tpm=100_000), fail_mode)
+    warm_up = request(max_tokens=50)
+    assert await call(limiter, warm_up, auth()) is None
+    await finish(limiter, warm_up, 30)  # the output estimate is learned: later corrections wait for a batch
     first = request(max_tokens=50)
-    assert await call(limiter, first, auth()) is None  # counted: 1 request, its reservation
-    await finish(limiter, first, 30, flush=False)  # its correction waits for the next admission
+    assert await call(limiter, first, auth()) is None  # counted: its reservation
+    await finish(limiter, first, 36, flush=False)  # its correction waits for the next admission
     reserved = (await window(direct))["t"]
 
     slow_path.delay_s = DELAY_S
@@ -121,9 +124,10 @@ async def test_a_timed_out_admission_reserved_in_redis_is_given_back_and_its_set
     await asyncio.sleep(3 * DELAY_S)  # the late reply arrives: the script ran, the correction with it
     await limiter.flush_settles()  # the second request's reservation goes back
 
-    # What is left counts the first request exactly: its correction applied once, the late one given back.
-    assert await window(direct) == {"r": 1, "t": 30}
-    assert reserved != 30  # (the correction did change something)
+    # What is left counts the first two requests exactly: the correction the timed-out call carried applied
+    # once, the reservation it made given back.
+    assert await window(direct) == {"r": 2, "t": 30 + 36}
+    assert reserved != 30 + 36  # (the correction did change something)
 
 
 async def test_a_timed_out_contract_count_leaves_no_estimate_in_flight(
@@ -177,3 +181,37 @@ async def test_a_lease_taken_by_a_timed_out_acquire_is_released_when_it_answers(
     finally:
         reset_runtime()
         await slow_client.aclose()
+
+
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
+async def test_a_redis_two_seconds_away_costs_a_request_at_most_the_default_timeout(
+    slow_path: DelayProxy, fail_mode: str
+) -> None:
+    """Default store settings (0.5 s timeout, 1 s breaker): with every round trip 2 s long, each request follows
+    the fail mode and waits at most the timeout; while the breaker is open, requests do not wait at all."""
+    settings = parse_settings(
+        {"ratebalance": {"redis_url": slow_path.url, "key_prefix": PREFIX, "fail_mode": fail_mode}}
+    )
+    runtime = Runtime()
+    runtime.configure(settings=settings, router=make_router(rpm=1000))
+    limiter = PriorityRateLimiter(runtime)
+    assert await call(limiter, request(), auth()) is None  # connected, counted
+    slow_path.delay_s = 1.0
+    spans: list[tuple[float, float]] = []
+    outcomes: list[int] = []
+    for _ in range(12):
+        started = time.monotonic()
+        refused = await call(limiter, request(), auth())
+        spans.append((started, time.monotonic()))
+        outcomes.append(200 if refused is None else refused.status_code)
+        await asyncio.sleep(0.1)
+    slow_path.delay_s = 0.0
+    assert set(outcomes) == ({200} if fail_mode == "open" else {503})
+    waits = [end - start for start, end in spans]
+    assert max(waits) <= 0.5 + 0.3  # the timeout, plus scheduling slack on a busy machine
+    assert sum(1 for wait in waits if wait >= 0.4) >= 1  # (Redis was slow: someone waited the timeout)
+    # After a request timed out, the breaker's second: whoever comes then fails over without waiting.
+    for start, end in spans:
+        if end - start >= 0.4:
+            during_breaker = [e - s for s, e in spans if end <= s < end + 0.9]
+            assert all(wait < 0.1 for wait in during_breaker), during_breaker

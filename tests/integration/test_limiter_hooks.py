@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import cast
 
 import pytest
 
+from litellm_ratebalance.proxy.admission import PriorityRateLimiter
 from litellm_ratebalance.store import MemoryStore, RedisStore
 from tests.integration.limiter_support import auth, call, finish, make_limiter, make_router, request
 from tests.servers import RedisServer
@@ -191,3 +193,100 @@ def test_prompt_tokens_are_counted_once_per_request(monkeypatch: pytest.MonkeyPa
     first = estimate_tokens("m", data, "total", 0, 100)
     second = estimate_tokens("m", data, "input", 0, 100)
     assert len(calls) == 1 and first == second + 7 and second > 0
+
+
+async def test_corrections_of_a_cold_start_reach_the_other_instance_before_its_next_decision(
+    redis_server: RedisServer,
+) -> None:
+    """Before anything is learned a request reserves its prompt + default_output_tokens (256): 3 fit tpm
+    1000. Their 30-token answers come back through instance A; a request to instance B right after must
+    find the room they freed and reserve the learned estimate, not be refused on A's stale reservations."""
+    import redis.asyncio as aioredis
+
+    from litellm_ratebalance.proxy.tokens import estimate_tokens
+
+    router = make_router(tpm=1000)
+    clients = [aioredis.Redis.from_url(redis_server.url) for _ in range(2)]
+    await clients[0].flushdb()
+    first, second = (make_limiter(RedisStore(client), router) for client in clients)
+    datas = [request(max_tokens=None) for _ in range(3)]
+    for data in datas:
+        assert await call(first, data, auth()) is None
+    assert (await call(second, request(max_tokens=None), auth())) is not None  # 4 x 266 > 1000
+    prompt = estimate_tokens("m", datas[0], "input", 0, 0)
+    for data in datas:
+        await finish(first, data, prompt + 30, flush=False)  # as the proxy does: no flush by hand
+    data = request(max_tokens=None)
+    assert await call(second, data, auth()) is None
+    snapshot = await RedisStore(clients[1]).admission_snapshot("m", 60_000)
+    assert snapshot is not None and snapshot.estimate == 30.0
+    assert snapshot.tokens == 4 * (prompt + 30)
+    for client in clients:
+        await client.aclose()
+
+
+async def _cold_burst(limiters: list[PriorityRateLimiter]) -> int:
+    """Tokens served when 20 clients send at once to a fresh model group (tpm 1000, no max_tokens), each
+    client sending again as soon as its answer (30 tokens, 20 ms) is in and stopping at its first 429 (as a
+    client honouring ``retry-after`` would within the window). Each client's requests go to the instances
+    in turn, all starting with the first (a burst reaches one replica, what follows is spread). Corrections
+    go as the limiter sends them: nothing is flushed by hand."""
+    from litellm_ratebalance.proxy.tokens import estimate_tokens
+
+    served = 0
+
+    async def client() -> None:
+        nonlocal served
+        for sent in itertools.count():
+            limiter = limiters[sent % len(limiters)]
+            data = request(max_tokens=None)
+            if await call(limiter, data, auth()) is not None:
+                return
+            await asyncio.sleep(0.02)
+            used = estimate_tokens("m", data, "input", 0, 0) + 30
+            served += used
+            await finish(limiter, data, used, flush=False)
+
+    await asyncio.gather(*(client() for _ in range(20)))
+    return served
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+async def test_a_cold_burst_fills_the_tpm_through_two_instances_as_through_one(
+    redis_server: RedisServer, instances: int
+) -> None:
+    """Before anything is learned a request reserves its prompt + default_output_tokens (256): 3 of the
+    first 20 fit tpm 1000. Their answers teach the estimate and free the room; the instance the next
+    requests go to must see that, or it refuses what the tpm has room for and the clients stop."""
+    import redis.asyncio as aioredis
+
+    router = make_router(tpm=1000)
+    # A burst: the store timeout for exact counts (a call failed open on a loaded machine is not under test).
+    pools = [aioredis.BlockingConnectionPool.from_url(redis_server.url, max_connections=40) for _ in range(instances)]
+    clients = [aioredis.Redis(connection_pool=pool) for pool in pools]
+    await clients[0].flushdb()
+    stores = [RedisStore(client) for client in clients]
+    served = await _cold_burst([make_limiter(store, router) for store in stores])
+    assert 800 <= served <= 1000
+    for client in clients:
+        await client.aclose()
+
+
+async def test_an_answer_is_corrected_before_it_is_sent_so_the_next_request_sees_its_real_usage(
+    store: MemoryStore | RedisStore,
+) -> None:
+    """The docs' quick start, one request at a time: tpm 60, answers of 30 tokens, no max_tokens. The first
+    request reserves the prior (256 output tokens); its answer's usage must be in before the client can send
+    the second request, which LiteLLM's success logging (after the response, in the background) is not."""
+    limiter = make_limiter(store, make_router("q", tpm=60))
+    first = request("q", max_tokens=None)
+    assert await call(limiter, first, auth()) is None
+    usage = {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}
+    await limiter.async_post_call_success_hook(first, auth(), {"usage": usage})
+    second = request("q", max_tokens=None)
+    assert await call(limiter, second, auth()) is None  # decided on 30 used, not on 266 reserved
+    # Success logging of the first request comes later and changes nothing more.
+    await finish(limiter, first, 30)
+    third = request("q", max_tokens=None)
+    refused = await call(limiter, third, auth())
+    assert refused is not None and refused.status_code == 429

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import redis
 from fastapi import HTTPException
 
 from litellm_ratebalance.admission.estimate import SettleBatch
 from litellm_ratebalance.errors import StoreError
-from litellm_ratebalance.proxy.limiter import TICKET_KEY, PriorityRateLimiter
+from litellm_ratebalance.proxy.admission.callback import TICKET_KEY, PriorityRateLimiter
 from litellm_ratebalance.proxy.runtime import Runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import RedisStore
@@ -139,7 +140,9 @@ async def test_fail_open_admits_uncounted_while_down_and_counts_exactly_after(ow
     snapshot = await store.admission_snapshot("m", WINDOW_MS)
     assert snapshot is not None and (snapshot.requests, snapshot.tokens) == (25, 15 * 30 + 10 * store_cost(before))
 
-    # Down: every request admitted, none counted; 5 in-flight requests report back and their reconcile fails.
+    # Down: every request admitted, none counted; 5 in-flight requests report back and their reconcile fails:
+    # twice each, since they were admitted before anything was learned (their corrections are sent at once,
+    # then again by finish()'s flush).
     own_redis.stop()
     during = [request(max_tokens=20) for _ in range(20)]
     assert [await decide(limiter, data) for data in during] == [200] * 20
@@ -147,7 +150,7 @@ async def test_fail_open_admits_uncounted_while_down_and_counts_exactly_after(ow
     for data in before[15:20]:
         await finish(limiter, data, 30)
     assert failed_open_admissions() == open_before + 20
-    assert store_errors("open") == errors_before + 20 + 5
+    assert store_errors("open") == errors_before + 20 + 2 * 5
 
     # Back (empty): counting resumes from zero, the rpm limit (40) holds exactly in the new window.
     await recovered(store, own_redis)
@@ -170,7 +173,7 @@ async def test_fail_open_admits_uncounted_while_down_and_counts_exactly_after(ow
     # carry"). The 5 corrections queued while Redis was down went with the first admission after it, when
     # the restarted Redis had no window at all: dropped.
     assert (snapshot.requests, snapshot.tokens) == (40, 40 * 30 + 5 * (30 - store_cost(before)))
-    assert store_errors("open") == errors_before + 25  # no store error after recovery
+    assert store_errors("open") == errors_before + 30  # no store error after recovery
     assert failed_open_admissions() == open_before + 20
 
 
@@ -343,6 +346,11 @@ async def test_fail_closed_503_carries_retry_after_and_recovery_is_exact(own_red
 
 
 # -- stale pooled connections after a restart -------------------------------------------------------------
+# From redis-py 8.2 the asyncio pool reconnects a connection whose socket the server closed when it hands it
+# out, so a restart costs no call at all; before it, the first call on each stale connection fails.
+REDIS_PY_RECONNECTS_CLOSED_SOCKETS = tuple(int(part) for part in redis.__version__.split(".")[:2]) >= (8, 2)
+
+
 async def test_after_a_restart_stale_pooled_connections_fail_once_together(own_redis: RedisServer) -> None:
     """After a restart every pooled connection is stale. The first connection error drops the pool's idle
     connections, so a later, wider burst gets fresh ones: one fault window, not one per stale connection."""
@@ -366,6 +374,9 @@ async def test_after_a_restart_stale_pooled_connections_fail_once_together(own_r
     own_redis.stop()
     own_redis.start()  # same port, empty: every pooled connection now points at a dead socket
     narrow = await burst(5)
-    assert narrow["error"] >= 1  # a stale connection was used and failed: the breaker opened
+    if REDIS_PY_RECONNECTS_CLOSED_SOCKETS:
+        assert narrow == {"ok": 5}  # redis-py saw each socket closed when it took it from the pool
+    else:
+        assert narrow["error"] >= 1  # a stale connection was used and failed: the breaker opened
     await asyncio.sleep(RETRY_AFTER_S + 0.05)
     assert await burst(20) == {"ok": 20}  # the other 15 stale connections were dropped, not reused

@@ -20,7 +20,7 @@ from fastapi import HTTPException
 
 from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
+from litellm_ratebalance.proxy.admission import PriorityRateLimiter
 from litellm_ratebalance.proxy.runtime import Runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.store import KeySpace, RedisStore

@@ -245,3 +245,86 @@ def test_embedded_store_has_nothing_to_show(tmp_path: Path, capsys: pytest.Captu
     config = _write_config(tmp_path, None)
     assert main(["status", "--config", str(config)]) == 3
     assert "nothing to show" in capsys.readouterr().err
+
+
+async def _scrape_once(url: str, model_list: list[dict[str, Any]], litellm_settings: dict[str, Any]) -> None:
+    """One background step of the real backpressure callback, writing its signal reports to the Redis."""
+    import redis.asyncio as aioredis
+
+    from litellm_ratebalance.proxy.backpressure import BackpressureCallback
+    from litellm_ratebalance.proxy.runtime import configure, reset_runtime
+
+    client = aioredis.Redis.from_url(url)
+    await client.flushdb()
+    reset_runtime()
+    configure(
+        settings=parse_settings(litellm_settings),
+        store=RedisStore(client, KeySpace(PREFIX), timeout_seconds=5.0),
+        router=Router(model_list=json.loads(json.dumps(model_list))),
+    )
+    callback = BackpressureCallback()
+    try:
+        await callback.maintain_once()
+    finally:
+        await callback.aclose()
+        reset_runtime()
+        await client.aclose()
+
+
+def test_status_shows_what_each_deployments_signals_are_worth(
+    redis_server: RedisServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from litellm_ratebalance.simulate.inference_server import InferenceServer, ServerSpec
+
+    async def serve_and_scrape() -> list[dict[str, Any]]:
+        # A vLLM without its stats (--disable-log-stats), an SGLang with every signal, and no metrics_url.
+        servers = [
+            await InferenceServer(ServerSpec(metrics_flavor="none")).start(),
+            await InferenceServer(ServerSpec(metrics_flavor="sglang")).start(),
+        ]
+        try:
+            model_list = [
+                {
+                    "model_name": "local",
+                    "litellm_params": {"model": "openai/sim", "api_base": server.api_base, "api_key": "sk-none"},
+                    "model_info": {"id": name, "backpressure": {"metrics_url": server.metrics_url}},
+                }
+                for name, server in zip(("gpu-vllm", "gpu-sglang"), servers, strict=True)
+            ]
+            model_list.append(
+                {
+                    "model_name": "local",
+                    "litellm_params": {"model": "openai/sim", "api_base": "http://127.0.0.1:9/v1", "api_key": "x"},
+                    "model_info": {"id": "gpu-plain", "backpressure": {}},
+                }
+            )
+            await _scrape_once(redis_server.url, model_list, settings)
+            return model_list
+        finally:
+            for server in servers:
+                await server.stop()
+
+    settings: dict[str, Any] = {"ratebalance": {"key_prefix": PREFIX, "redis_url": redis_server.url}}
+    model_list = asyncio.run(serve_and_scrape())
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"model_list": model_list, "litellm_settings": settings}, sort_keys=False))
+    capsys.readouterr()
+
+    assert main(["status", "--config", str(config), "--json"]) == 0
+    (group,) = json.loads(capsys.readouterr().out)["model_groups"]
+    signals = {d["deployment_id"]: d["signals"] for d in group["deployments"]}
+    vllm, sglang, plain = signals["gpu-vllm"], signals["gpu-sglang"], signals["gpu-plain"]
+    assert (vllm["metrics_url"], vllm["server"], vllm["problems"]) == (True, None, ["unrecognised"])
+    assert vllm["detail"].startswith("unrecognised: ") and "--disable-log-stats" in vllm["detail"]
+    assert 0 <= vllm["age_seconds"] < 60
+    assert (sglang["server"], sglang["problems"], sglang["detail"]) == ("sglang", [], "")
+    assert (plain["metrics_url"], plain["age_seconds"], plain["problems"]) == (False, None, [])
+
+    assert main(["status", "--config", str(config)]) == 0
+    table = capsys.readouterr().out
+    lines = table.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  signals of gpu-vllm:"))
+    assert "no supported server; PROBLEMS unrecognised (reported" in lines[at]
+    assert lines[at + 1].startswith("    unrecognised: the endpoint exports no metric of vLLM")
+    assert any(line.startswith("  signals of gpu-sglang: sglang, every signal read (reported") for line in lines)
+    assert "  signals of gpu-plain: no metrics_url (concurrency limit only)" in lines

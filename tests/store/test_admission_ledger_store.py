@@ -116,6 +116,32 @@ async def test_a_saturated_window_teaches_the_headroom(store: MemoryStore | Redi
     assert refused.reason is RejectReason.MODEL_TOKENS
 
 
+async def test_the_headroom_comes_out_of_borrowing_not_out_of_a_teams_share(store: MemoryStore | RedisStore) -> None:
+    """The docs' two teams (tpm 1000, 0.5 each, threshold 0.5) once a headroom of 60 is learned; 1 s windows."""
+    first = await store.acquire("m", limits(), 900, 1000)
+    assert (await store.acquire("m", limits(), 200, 1000)).reason is RejectReason.MODEL_TOKENS
+    await settle(store, "m", "d", first.window_start_ms, 300)  # 1200 of 1000
+    await asyncio.sleep(1.05)
+    await store.acquire("m", limits(), 10, 1000)
+    await asyncio.sleep(1.05)
+    team_a = limits(pool="p.team_a", pool_tpm=500.0, saturation_threshold=0.5)
+    team_b = limits(pool="p.team_b", pool_tpm=500.0, saturation_threshold=0.5)
+    third = await store.acquire("m", team_a, 500, 1000)
+    assert third.admitted and third.headroom == pytest.approx(60.0)
+    assert (await store.acquire("m", team_b, 350, 1000)).admitted
+    # Past what borrowing may take (940) but within team_b's share: admitted, up to the tpm.
+    within = await store.acquire("m", team_b, 100, 1000)
+    assert within.admitted and within.counters.tokens == 950
+    borrowing = await store.acquire("m", team_b, 100, 1000)
+    assert borrowing.reason is RejectReason.MODEL_TOKENS
+    await settle(store, "m", "p.team_b", third.window_start_ms, 30)  # the window ends at 980
+    await asyncio.sleep(1.05)
+    assert (await store.acquire("m", team_a, 1, 1000)).headroom == pytest.approx(60.0)
+    await asyncio.sleep(1.05)
+    # It admitted against 1000 - 60 + the 10 team_b took, and ended 30 above that: 0.7 x 60 + 0.3 x 30.
+    assert (await store.acquire("m", team_a, 1, 1000)).headroom == pytest.approx(51.0)
+
+
 async def test_a_late_answer_of_an_older_window_is_paid_for_now(store: MemoryStore | RedisStore) -> None:
     first = await store.acquire("m", limits(), 100, 1000)
     await asyncio.sleep(1.05)

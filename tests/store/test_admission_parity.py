@@ -2,13 +2,13 @@
 
 The embedded store calls ``decide()`` itself; the Redis store runs the script, which restates the same rules
 in Lua. Here both get the same random live window (counts of the model, of the request's pool and of the
-pools whose floors apply), the same limits and the same request size (an ``int`` cost: a fixed reservation,
-so the learned output estimate plays no part), and must give the same decision: admitted, reason, strict,
-saturation and the room the floors hold back.
+pools whose floors apply), the same limits, the same learned headroom and the same request size (an ``int``
+cost: a fixed reservation, so the learned output estimate plays no part), and must give the same decision:
+admitted, reason, strict, saturation and the room the floors hold back.
 
 The window is seeded by writing the hash fields the script's header documents (``start``, ``r``, ``t``,
 ``r:<pool>``, ``t:<pool>``) with ``start`` a moment before the server's ``TIME``, so the script decides on
-that window instead of starting a new one.
+that window instead of starting a new one; the headroom is the estimate hash's ``h``.
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ class Case:
     cost: int
     write_zeros: bool = False
     """Write counters that are 0 as fields (a window after settles) instead of leaving them absent."""
+    headroom: float = 0.0
+    """The learned headroom (tokens of the tpm that borrowing leaves free)."""
 
     def window_hash(self, start_ms: int) -> dict[FieldT, EncodableT]:
         """The live window's hash, with the fields the script's header names."""
@@ -71,7 +73,7 @@ class Case:
         return {"start": start_ms, **{name: value for name, value in values.items() if value or self.write_zeros}}
 
     def expected(self) -> Decision:
-        return decide(self.counters, self.limits, self.cost)
+        return decide(self.counters, self.limits, self.cost, self.headroom)
 
 
 def _share(capacity: int | None) -> SearchStrategy[float | None]:
@@ -105,6 +107,7 @@ def cases(draw: DrawFn) -> Case:
     cost = draw(st.integers(0, 60) | st.integers(0, 2 * token_scale + 10))
     pool_rpm = draw(_share(rpm))
     pool_tpm = draw(_share(tpm))
+    headroom = 0.0 if tpm is None else draw(st.just(0.0) | st.floats(0.0, 0.2 * tpm) | st.integers(0, tpm // 5))
 
     floors: list[Floor] = []
     other_pools: dict[str, tuple[int, int]] = {}
@@ -129,7 +132,15 @@ def cases(draw: DrawFn) -> Case:
     # The model's and the pool's counts near where each check flips. The rules never compare a pool's
     # count with the model's, so they are drawn independently.
     request_edges = [rpm - held_requests - 1, rpm - 1] if rpm is not None else []
-    token_edges = [tpm - held_tokens - min(cost, tpm - held_tokens), tpm - cost] if tpm is not None else []
+    token_edges = (
+        [
+            tpm - held_tokens - min(cost, tpm - held_tokens),
+            tpm - held_tokens - headroom - min(cost, tpm - held_tokens - headroom),
+            tpm - cost,
+        ]
+        if tpm is not None
+        else []
+    )
     # Half the time the model-wide checks pass, so that the pool checks behind them decide.
     model_fits = draw(st.booleans())
     requests = (
@@ -157,6 +168,7 @@ def cases(draw: DrawFn) -> Case:
         limits=AdmissionLimits(rpm, tpm, threshold, pool, pool_rpm, pool_tpm, tuple(floors)),
         cost=cost,
         write_zeros=draw(st.booleans()),
+        headroom=float(headroom),
     )
 
 
@@ -171,11 +183,13 @@ def _case(
     cost: int = 0,
     floors: tuple[Floor, ...] = (),
     others: dict[str, tuple[int, int]] | None = None,
+    headroom: float = 0.0,
 ) -> Case:
     return Case(
         WindowCounters(*counters, other_pools=others or {}),
         AdmissionLimits(rpm, tpm, threshold, "p.a", pool_rpm, pool_tpm, floors),
         cost,
+        headroom=headroom,
     )
 
 
@@ -189,6 +203,8 @@ MODEL_TOKENS_WITH_FLOOR = _case(
 MODEL_REQUESTS_WITH_FLOOR = _case((6, 0, 6, 0), rpm=10, threshold=1.0, floors=(Floor("p.b", 4.0, 0.0),))
 OVERSIZE_INTO_EMPTY_POOL_SHARE = _case((1, 500, 0, 0), tpm=1000, pool_tpm=300.0, cost=400)
 AT_THRESHOLD_EXACTLY = _case((3, 0, 3, 0), rpm=10, threshold=0.3, pool_rpm=3.0)
+WITHIN_SHARE_PAST_THE_HEADROOM = _case((14, 850, 6, 350), tpm=1000, pool_tpm=500.0, cost=60, headroom=100.0)
+BORROWING_INTO_THE_HEADROOM = _case((14, 850, 6, 480), tpm=1000, threshold=1.0, pool_tpm=500.0, cost=60, headroom=100.0)
 
 
 @pytest.mark.redis
@@ -200,14 +216,19 @@ AT_THRESHOLD_EXACTLY = _case((3, 0, 3, 0), rpm=10, threshold=0.3, pool_rpm=3.0)
 @example(case=MODEL_REQUESTS_WITH_FLOOR)
 @example(case=OVERSIZE_INTO_EMPTY_POOL_SHARE)
 @example(case=AT_THRESHOLD_EXACTLY)
+@example(case=WITHIN_SHARE_PAST_THE_HEADROOM)
+@example(case=BORROWING_INTO_THE_HEADROOM)
 async def test_script_decides_like_decide(redis_client: aioredis.Redis, case: Case) -> None:
     # The fixture's client is shared by all examples; each example rewrites the whole window hash.
     store = RedisStore(redis_client, KeySpace("rbparity"))
     key = store.keys.admission_window(MODEL)
+    estimate_key = store.keys.admission_estimate(MODEL)
     seconds, microseconds = await redis_client.time()
     start = seconds * 1000 + microseconds // 1000 - 1000
-    await redis_client.delete(key)
+    await redis_client.delete(key, estimate_key)
     await redis_client.hset(key, mapping=case.window_hash(start))
+    if case.headroom:
+        await redis_client.hset(estimate_key, "h", repr(case.headroom))
 
     got = await store.acquire(MODEL, case.limits, case.cost, WINDOW_MS)
     want = case.expected()
@@ -245,6 +266,15 @@ def _floor_refuses(case: Case) -> bool:
     return not case.expected().admitted and decide(case.counters, without_floors, case.cost).admitted
 
 
+def _within_share_past_the_headroom(case: Case) -> bool:
+    """Admitted within its pool's share where borrowing would have to leave the headroom free."""
+    limits = case.limits
+    if limits.tpm is None or limits.pool_tpm is None or not case.expected().admitted:
+        return False
+    _, held_tokens = protected_room(limits, case.counters)
+    return case.counters.tokens + case.cost > limits.tpm - held_tokens - case.headroom
+
+
 RULES: dict[str, Callable[[Case], bool]] = {
     "refused: model requests": lambda c: c.expected().reason is RejectReason.MODEL_REQUESTS,
     "refused: model tokens": lambda c: c.expected().reason is RejectReason.MODEL_TOKENS,
@@ -255,6 +285,10 @@ RULES: dict[str, Callable[[Case], bool]] = {
     "strict at the threshold exactly": lambda c: c.expected().saturation == c.limits.saturation_threshold,
     "refused by a floor": _floor_refuses,
     "oversize request admitted": _oversize,
+    "admitted within its share past the headroom": _within_share_past_the_headroom,
+    "refused for borrowing into the headroom": lambda c: (
+        c.expected().reason is RejectReason.MODEL_TOKENS and decide(c.counters, c.limits, c.cost).admitted
+    ),
 }
 
 

@@ -108,3 +108,18 @@ async def test_bad_durations_are_refused() -> None:
         MeterStart(half_life_ms=1, ttl_ms=0)
     with pytest.raises(ValueError, match="half-life must be at least 1 ms"):
         MeterEnd(Mark(0, 0.0), 1.0, 0, half_life_ms=0, ttl_ms=1)
+
+
+async def test_a_metered_request_costs_no_round_trip_of_its_own(redis_client: object) -> None:
+    """Cost on or off, a managed request makes one store call to take its lease and one to give it back: the
+    marks ride on them."""
+    store = RedisStore(redis_client)
+    calls = []
+    for metered in (False, True):
+        store.take_tally()
+        meter = MeterStart(half_life_ms=60_000, ttl_ms=60_000) if metered else None
+        taken = await store.lease_acquire("gpu", f"lease-{metered}", slot_cap=4, ttl_ms=60_000, meter=meter)
+        end = end_of(taken.cost) if metered and taken.cost is not None else None
+        await store.lease_release("gpu", f"lease-{metered}", end)
+        calls.append(store.take_tally().calls)
+    assert calls == [2, 2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from litellm_ratebalance.routing_records import RateAggregate, RateLimitObservation
+from litellm_ratebalance.routing.records import RateAggregate, RateLimitObservation
 from litellm_ratebalance.store import MemoryStore, RedisStore
 from litellm_ratebalance.store.routing import RoutingSnapshot
 

@@ -61,3 +61,11 @@ def feed(balancer: RateBalancer, group: str, deployment: str, rates: list[float]
 def served(fit: LoadFit, now: float, load: float, rate: float, half_life: float = 0.0) -> None:
     """Add to ``fit`` a 100-token answer at ``rate`` tokens/s that met ``load`` requests in flight."""
     fit.add(now, load, 100.0, 100.0 / rate, half_life)
+
+
+def two_slot_load_fit(fit: LoadFit | None = None) -> LoadFit:
+    """About 200 tok/s at light load and two slots."""
+    fit = fit or LoadFit()
+    for load, sample in [(1.0, 200.0), (2.0, 195.0), (1.0, 205.0), (4.0, 100.0), (6.0, 66.7), (1.0, 198.0)] * 3:
+        served(fit, T0, load, sample)
+    return fit

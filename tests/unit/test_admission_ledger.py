@@ -227,3 +227,37 @@ def test_the_headroom_is_learned_from_the_saturated_window_before_last() -> None
     assert ledger.acquire("m", limits(), RequestCost(1), now_ms=4 * W, window_ms=W).headroom == pytest.approx(15.0)
     # A window that was never saturated teaches nothing.
     assert ledger.acquire("m", limits(), RequestCost(1), now_ms=5 * W, window_ms=W).headroom == pytest.approx(15.0)
+
+
+def test_headroom_a_pool_took_within_its_share_counts_as_admitted_against() -> None:
+    # The window admitted against 1000 - 100 + 40 (reservations within their share took 40 of the headroom)
+    # and ended at 1000: 60 above what it admitted against, not 100.
+    assert next_headroom(100.0, 1000, 1000, taken=40.0) == pytest.approx(0.7 * 100 + 0.3 * 60)
+    assert next_headroom(100.0, 1000, 1000, taken=0.0) == next_headroom(100.0, 1000, 1000)
+    assert next_headroom(100.0, 1000, 1000, taken=500.0) == pytest.approx(70.0)  # never more than it kept
+
+
+def test_a_pool_within_its_share_may_take_the_headroom_and_the_headroom_does_not_wind_up() -> None:
+    ledger = AdmissionLedger()
+    ledger.acquire("m", limits(), RequestCost(900), now_ms=0, window_ms=W)
+    assert ledger.acquire("m", limits(), RequestCost(200), now_ms=1, window_ms=W).window.full
+    ledger.apply("m", batch((0, "d", 300)), None)  # 1200 of 1000: the headroom becomes 60 two windows on
+    ledger.acquire("m", limits(), RequestCost(10), now_ms=W, window_ms=W)
+    # The docs' two teams: tpm 1000, 0.5 each, threshold 0.5.
+    team_a = limits(pool="p.team_a", pool_tpm=500.0, saturation_threshold=0.5)
+    team_b = limits(pool="p.team_b", pool_tpm=500.0, saturation_threshold=0.5)
+    first = ledger.acquire("m", team_a, RequestCost(500), now_ms=2 * W, window_ms=W)
+    assert first.decision.admitted and first.headroom == pytest.approx(60.0)
+    assert ledger.acquire("m", team_b, RequestCost(350), now_ms=2 * W + 1, window_ms=W).decision.admitted
+    # 950 is past what borrowing may take (940) but within team_b's share: admitted.
+    within = ledger.acquire("m", team_b, RequestCost(100), now_ms=2 * W + 2, window_ms=W)
+    assert within.decision.admitted and within.counters.tokens == 950
+    assert within.window.headroom_taken == pytest.approx(10.0)
+    # Past its share team_b borrows, and borrowing leaves the headroom free.
+    past = ledger.acquire("m", team_b, RequestCost(100), now_ms=2 * W + 3, window_ms=W)
+    assert past.decision.reason is RejectReason.MODEL_TOKENS and past.window.full
+    ledger.apply("m", batch((2 * W, "p.team_b", 30)), None)  # the window ends at 980
+    assert ledger.acquire("m", team_a, RequestCost(1), now_ms=3 * W, window_ms=W).headroom == pytest.approx(60.0)
+    # It admitted against 1000 - 60 + 10 and ended 30 above that: 0.7 x 60 + 0.3 x 30.
+    fifth = ledger.acquire("m", team_a, RequestCost(1), now_ms=4 * W, window_ms=W)
+    assert fifth.headroom == pytest.approx(51.0)

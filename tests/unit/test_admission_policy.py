@@ -89,6 +89,28 @@ def test_model_cap_always_applies() -> None:
     assert token_decision.reason is RejectReason.MODEL_TOKENS
 
 
+def test_the_headroom_comes_out_of_borrowing_never_out_of_a_pools_own_share() -> None:
+    """The docs' two teams (tpm 1000, 0.5 each, threshold 0.5) with a learned headroom of 100."""
+    teams = {"team_a": 0.5, "team_b": 0.5}
+    fields = {"team_a": "p.team_a", "team_b": "p.team_b"}
+    team_b = limits_for("team_b", rpm=None, tpm=1000, reservations=teams, field_of=fields)
+    # team_a holds its 500, team_b 350 of its 500: 60 more keeps team_b within its share, so the room kept
+    # for answers in flight (900 = 1000 - 100) does not apply to it; only the tpm does.
+    within = decide(WindowCounters(requests=14, tokens=850, pool_requests=6, pool_tokens=350), team_b, 60, 100.0)
+    assert within.admitted and within.strict
+    assert decide(WindowCounters(tokens=940, pool_tokens=440), team_b, 60, 100.0).admitted  # to its 500, at 1000
+    over_tpm = decide(WindowCounters(tokens=960, pool_tokens=400), team_b, 60, 100.0)
+    assert over_tpm.reason is RejectReason.MODEL_TOKENS  # its share is within the tpm, never past it
+    # Past its share (lenient, so the pool cap does not apply): borrowing, which leaves the headroom free.
+    lenient_b = limits_for("team_b", rpm=None, tpm=1000, reservations=teams, field_of=fields, saturation_threshold=1.0)
+    borrowing = decide(WindowCounters(tokens=850, pool_tokens=480), lenient_b, 60, 100.0)
+    assert borrowing.reason is RejectReason.MODEL_TOKENS
+    assert decide(WindowCounters(tokens=840, pool_tokens=480), lenient_b, 60, 100.0).admitted  # 900 exactly
+    # With no reservation configured there are no shares: every request leaves the headroom free.
+    alone = limits_for(None, rpm=None, tpm=1000, reservations={}, field_of={})
+    assert decide(WindowCounters(tokens=850, pool_tokens=850), alone, 60, 100.0).reason is RejectReason.MODEL_TOKENS
+
+
 def test_non_lendable_floor_is_held_back_from_other_pools() -> None:
     lim = limits_for("dev", lendable={"prod": 0.0}, saturation_threshold=1.0)
     # prod's floor is 60 requests; with prod unused, others can reach only 40.

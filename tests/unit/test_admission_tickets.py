@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from litellm_ratebalance.proxy.admission_tickets import AdmissionTicket, TicketBook
+from litellm_ratebalance.proxy.admission.tickets import AdmissionTicket, TicketBook
 
 
 def ticket(held: int = 100, *, expires_at: float | None = None) -> AdmissionTicket:

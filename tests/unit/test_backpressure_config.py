@@ -45,7 +45,7 @@ def test_model_info_overrides_deployments_which_override_defaults() -> None:
     config = settings.for_deployment("gpu1", {"id": "gpu1", "backpressure": {"kv_cache_tokens": 3000}})
     assert (config.kv_cache_tokens, config.max_limit, config.server, config.queue_enabled) == (3000, 32, "tgi", True)
     other = settings.for_deployment("gpu2", {"id": "gpu2"})
-    assert (other.kv_cache_tokens, other.max_limit, other.server) == (1000, 256, "vllm")
+    assert (other.kv_cache_tokens, other.max_limit, other.server) == (1000, 256, "auto")
 
 
 def test_bad_model_info_names_the_deployment_and_key() -> None:

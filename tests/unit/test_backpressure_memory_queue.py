@@ -4,31 +4,36 @@ overload/queue.py). Explicit counts; no clock."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from litellm_ratebalance.admission.estimate import DECAY_AT_SAMPLES
 from litellm_ratebalance.overload.output import MIN_SAMPLES, OutputEstimate
 from litellm_ratebalance.overload.queue import FairQueue
-from litellm_ratebalance.overload.shedding import Reason, Verdict, decide, store_refusal
+from litellm_ratebalance.overload.shedding import DeploymentLoad, Reason, TierThresholds, Verdict, decide, store_refusal
 
 KV = 3000  # token caps: low (0.85) 2550, high (0.95) 2850
 
 
-def verdict(rank: int, **kw: object) -> Verdict:
-    args: dict[str, object] = dict(
-        rank=rank,
-        n_tiers=2,
-        shed_threshold=0.85,
-        hard_threshold=0.95,
-        server_signals={},
-        inflight=4,
-        limit=12,
-        cost_tokens=700,
-        reserved_tokens=2400,
-        kv_cache_tokens=KV,
-    )
-    args.update(kw)
-    return decide(**args)  # type: ignore[arg-type]
+def verdict(
+    rank: int,
+    *,
+    n_tiers: int = 2,
+    shed_threshold: float = 0.85,
+    hard_threshold: float = 0.95,
+    cost_tokens: int = 700,
+    **kw: Any,
+) -> Verdict:
+    load: dict[str, Any] = {
+        "server_signals": {},
+        "inflight": 4,
+        "limit": 12,
+        "reserved_tokens": 2400,
+        "kv_cache_tokens": KV,
+    }
+    load.update(kw)
+    return decide(TierThresholds(n_tiers, shed_threshold, hard_threshold), rank, cost_tokens, DeploymentLoad(**load))
 
 
 def test_top_tier_short_of_memory_may_wait_lower_tier_is_shed() -> None:

@@ -4,20 +4,26 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
 from litellm_ratebalance.overload.reserve import RATE_WINDOW_SECONDS, TopDemand, reserve_slots
-from litellm_ratebalance.overload.shedding import Reason, Verdict, decide
+from litellm_ratebalance.overload.shedding import DeploymentLoad, Reason, TierThresholds, Verdict, decide
 
 
-def verdict(rank: int, **kw: object) -> Verdict:
-    args: dict[str, object] = dict(
-        rank=rank, n_tiers=2, shed_threshold=0.85, hard_threshold=0.95, server_signals={}, inflight=0, limit=9,
-        cost_tokens=100,
-    )  # fmt: skip
-    args.update(kw)
-    return decide(**args)  # type: ignore[arg-type]
+def verdict(
+    rank: int,
+    *,
+    n_tiers: int = 2,
+    shed_threshold: float = 0.85,
+    hard_threshold: float = 0.95,
+    cost_tokens: int = 100,
+    **kw: Any,
+) -> Verdict:
+    load: dict[str, Any] = {"server_signals": {}, "inflight": 0, "limit": 9}
+    load.update(kw)
+    return decide(TierThresholds(n_tiers, shed_threshold, hard_threshold), rank, cost_tokens, DeploymentLoad(**load))
 
 
 def test_reserve_is_the_poisson_quantile_of_the_top_tiers_requests_in_flight() -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from litellm_ratebalance.overload.shedding import (
+    DeploymentLoad,
     Reason,
     Tiers,
+    TierThresholds,
     Verdict,
     advice,
     decide,
@@ -17,19 +21,18 @@ from litellm_ratebalance.overload.shedding import (
 )
 
 
-def verdict(rank: int = 0, n_tiers: int = 3, **kw: object) -> Verdict:
-    args: dict[str, object] = dict(
-        rank=rank,
-        n_tiers=n_tiers,
-        shed_threshold=0.85,
-        hard_threshold=0.95,
-        server_signals={},
-        inflight=0,
-        limit=20,
-        cost_tokens=100,
-    )
-    args.update(kw)
-    return decide(**args)  # type: ignore[arg-type]
+def verdict(
+    rank: int = 0,
+    n_tiers: int = 3,
+    *,
+    shed_threshold: float = 0.85,
+    hard_threshold: float = 0.95,
+    cost_tokens: int = 100,
+    **kw: Any,
+) -> Verdict:
+    load: dict[str, Any] = {"server_signals": {}, "inflight": 0, "limit": 20}
+    load.update(kw)
+    return decide(TierThresholds(n_tiers, shed_threshold, hard_threshold), rank, cost_tokens, DeploymentLoad(**load))
 
 
 def test_tier_thresholds_spread_from_shed_to_hard() -> None:

@@ -1,4 +1,5 @@
-"""Signal parsing (vLLM, TGI), NVML through the fake module, and the board's degradation."""
+"""Signal parsing, NVML through the fake module and its idle floor, and the board: degradation, problems
+reported once, exported capacity, preemptions (the bodies of each server: tests/unit/test_backpressure_servers.py)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,21 @@ from typing import TypedDict
 import pytest
 
 from litellm_ratebalance.overload.config import BackpressureSettings
+from litellm_ratebalance.overload.servers import Problem
 from litellm_ratebalance.overload.signals import (
     GpuSample,
+    IdleMemory,
     NvmlProbe,
     ServerMetrics,
     SignalBoard,
+    SignalUpkeep,
     held_at_scrape,
     parse_metrics,
     server_signals,
 )
-from litellm_ratebalance.proxy.backpressure_book import DeploymentState
+from litellm_ratebalance.proxy.backpressure.book import DeploymentState
 from litellm_ratebalance.simulate.fake_nvml import FakeNvml
+from tests.unit import server_bodies as bodies
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests currently running on GPU.
@@ -187,3 +192,137 @@ def test_memory_of_requests_finished_since_the_scrape_leaves_the_reading() -> No
     assert state.freed_tokens == 700.0
     state.scraped(13.0)
     assert state.freed_tokens == 0.0
+
+
+# -- which server answers, and what is wrong with its signals ------------------------------------------------
+
+
+class _Bodies:
+    """A fetcher answering the body set last (or raising the exception set)."""
+
+    def __init__(self, body: str) -> None:
+        self.body: str | Exception = body
+
+    async def __call__(self, url: str, timeout: float) -> str:
+        if isinstance(self.body, Exception):
+            raise self.body
+        return self.body
+
+
+async def test_a_problem_is_logged_once_while_it_holds_and_once_when_it_clears(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fetch = _Bodies(bodies.VLLM_DISABLE_LOG_STATS)
+    board = SignalBoard(fetch)
+    url = "http://gpu1:8000/metrics"
+    with caplog.at_level(logging.INFO, logger="litellm_ratebalance.backpressure"):
+        for t in range(3):
+            assert await board.scrape("gpu1", url, "auto", 0.5, now=float(t)) is not None
+        health = board.health("gpu1")
+        assert health is not None and health.server is None and health.problems == (Problem.UNRECOGNISED,)
+        assert board.metrics("gpu1", 3.0, stale_after=10.0) == ServerMetrics()  # a good scrape with nothing in it
+        fetch.body = bodies.VLLM_V1_ONE_ENGINE  # the server restarted without --disable-log-stats
+        await board.scrape("gpu1", url, "auto", 0.5, now=4.0)
+        await board.scrape("gpu1", url, "auto", 0.5, now=5.0)
+    messages = [r for r in caplog.records if r.name == "litellm_ratebalance.backpressure"]
+    assert [r.levelno for r in messages] == [logging.WARNING, logging.INFO]
+    assert "deployment gpu1 (http://gpu1:8000/metrics)" in messages[0].getMessage()
+    assert "--disable-log-stats" in messages[0].getMessage() and "[unrecognised]" in messages[0].getMessage()
+    assert messages[1].getMessage().endswith("signal problems cleared: unrecognised")
+    health = board.health("gpu1")
+    assert health is not None and (health.server, health.engines, health.findings) == ("vllm", 1, ())
+
+
+async def test_an_unreachable_endpoint_keeps_its_last_problems_and_its_capacity() -> None:
+    fetch = _Bodies(bodies.TGI_V3)
+    board = SignalBoard(fetch)
+    assert await board.scrape("gpu2", "http://gpu2/metrics", "vllm", 0.5, now=0.0) is not None
+    health = board.health("gpu2")
+    assert health is not None and (health.server, health.problems) == ("tgi", (Problem.SERVER_MISMATCH,))
+    assert board.capacity("gpu2") == 122880 and board.server("gpu2") == "tgi"
+    fetch.body = ConnectionError("refused")
+    await board.scrape("gpu2", "http://gpu2/metrics", "vllm", 0.5, now=1.0)
+    health = board.health("gpu2")
+    assert health is not None and health.problems == (Problem.SERVER_MISMATCH,)  # one failure is not reported
+    await board.scrape("gpu2", "http://gpu2/metrics", "vllm", 0.5, now=2.0)
+    health = board.health("gpu2")
+    assert health is not None and health.problems == (Problem.UNREACHABLE, Problem.SERVER_MISMATCH)
+    assert "2 scrapes in a row failed, the last ConnectionError: refused" in health.findings[0].detail
+    # The reading goes stale; the capacity a server exported stays (it does not change while it runs).
+    assert board.metrics("gpu2", 30.0, stale_after=10.0) is None
+    assert board.capacity("gpu2") == 122880
+    never = SignalBoard(_Bodies(bodies.TGI_V3))
+    assert never.health("gpu9") is None and never.capacity("gpu9") is None
+
+
+async def test_the_preemption_counter_rises_between_scrapes() -> None:
+    def body(preemptions: float) -> str:
+        return bodies.vllm_v1([{"running": 4, "waiting": 0, "usage": 0.5, "preemptions": preemptions, "blocks": 1000}])
+
+    fetch = _Bodies(body(40))
+    board = SignalBoard(fetch)
+    await board.scrape("gpu1", "u", "vllm", 0.5, now=0.0)
+    assert board.take_preemptions("gpu1") == 0.0  # the first reading is the baseline, not 40 new preemptions
+    fetch.body = body(43)
+    await board.scrape("gpu1", "u", "vllm", 0.5, now=1.0)
+    fetch.body = body(45)
+    await board.scrape("gpu1", "u", "vllm", 0.5, now=2.0)
+    assert board.take_preemptions("gpu1") == 5.0
+    assert board.take_preemptions("gpu1") == 0.0
+    fetch.body = body(2)  # the server restarted
+    await board.scrape("gpu1", "u", "vllm", 0.5, now=3.0)
+    assert board.take_preemptions("gpu1") == 2.0
+    assert board.take_preemptions("nobody") == 0.0
+
+
+async def test_a_configured_capacity_that_differs_from_the_exported_one_is_noted_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    board = SignalBoard(_Bodies(bodies.SGLANG_ONE_ENGINE))
+    with caplog.at_level(logging.INFO, logger="litellm_ratebalance.backpressure"):
+        for t in range(3):
+            await board.scrape("gpu3", "u", "sglang", 0.5, now=float(t), kv_cache_tokens=600000)
+        await board.scrape("gpu4", "u", "sglang", 0.5, now=0.0, kv_cache_tokens=400000)
+        await board.scrape("gpu5", "u", "sglang", 0.5, now=0.0, kv_cache_tokens=471040)
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "litellm_ratebalance.backpressure"]
+    assert len(lines) == 2
+    assert lines[0][0] == logging.WARNING and "kv_cache_tokens 600000 overrides the 471040 tokens" in lines[0][1]
+    assert "may be preempted" in lines[0][1]
+    assert lines[1][0] == logging.INFO and "kv_cache_tokens 400000 overrides" in lines[1][1]
+
+
+def test_gpu_memory_next_to_a_preallocating_server_is_read_above_its_idle_floor() -> None:
+    idle = IdleMemory()
+    assert idle.above_idle(GpuSample(0.915, 0.3)) == GpuSample(None, 0.3)  # no floor yet: no memory signal
+    idle.observe_idle(0.92)
+    idle.observe_idle(0.915)
+    idle.observe_idle(0.95)  # a later idle reading higher up does not raise the floor
+    assert idle.floor == 0.915
+    assert idle.above_idle(GpuSample(0.915, None)).memory_used_fraction == 0.0  # an idle vLLM reads 0, not 0.915
+    assert idle.above_idle(GpuSample(0.9, None)).memory_used_fraction == 0.0
+    assert idle.above_idle(GpuSample(0.9915, None)).memory_used_fraction == pytest.approx(0.9)
+    assert idle.above_idle(GpuSample(1.0, None)).memory_used_fraction == 1.0
+    idle.reset()
+    assert idle.floor is None
+    full = IdleMemory()
+    full.observe_idle(1.0)
+    assert full.above_idle(GpuSample(1.0, None)).memory_used_fraction == 0.0
+    # A sample without memory stays without: the signal is absent, never 0.
+    assert server_signals(None, GpuSample(None, 0.99), kv_cache_tokens=None, server_queue_limit=1,
+                          gpu_utilization=True) == {"gpu_compute": 0.99}  # fmt: skip
+
+
+def test_upkeep_writes_a_report_when_it_changes_or_is_due_and_paces_the_preemption_log() -> None:
+    upkeep = SignalUpkeep()
+    assert upkeep.report_due(("vllm", ()), now=0.0, refresh=30.0)
+    assert not upkeep.report_due(("vllm", ()), now=10.0, refresh=30.0)
+    assert upkeep.report_due(("vllm", ("no_queue",)), now=11.0, refresh=30.0)  # changed: at once
+    assert not upkeep.report_due(("vllm", ("no_queue",)), now=40.0, refresh=30.0)
+    assert upkeep.report_due(("vllm", ("no_queue",)), now=41.0, refresh=30.0)  # renewed before it lapses
+    upkeep.report_failed()
+    assert upkeep.report_due(("vllm", ("no_queue",)), now=42.0, refresh=30.0)  # the failed write is retried
+    assert upkeep.preemptions_to_log(3, now=0.0, interval=60.0) == 3
+    assert upkeep.preemptions_to_log(2, now=10.0, interval=60.0) is None
+    assert upkeep.preemptions_to_log(0, now=59.0, interval=60.0) is None
+    assert upkeep.preemptions_to_log(4, now=60.0, interval=60.0) == 6
+    assert upkeep.preemptions_to_log(0, now=200.0, interval=60.0) is None

@@ -8,8 +8,8 @@ import os
 import pytest
 from prometheus_client import REGISTRY
 
-from litellm_ratebalance.proxy import routing as proxy_routing
 from litellm_ratebalance.proxy.routing import RateBalancerCallback
+from litellm_ratebalance.proxy.routing import callback as proxy_routing
 from litellm_ratebalance.routing import CORE_MODULES, core_build
 
 EXPECT_CORE = "LITELLM_RATEBALANCE_EXPECT_CORE"
@@ -24,7 +24,7 @@ EXPECT_CORE = "LITELLM_RATEBALANCE_EXPECT_CORE"
         (".cp311-win_amd64.pyd", None, "compiled"),
         # one module not compiled is not the compiled core (a stale build beside an edited source)
         (".cpython-311-x86_64-linux-gnu.so", "balancer", "python"),
-        (".cpython-311-x86_64-linux-gnu.so", "routing_records", "python"),
+        (".cpython-311-x86_64-linux-gnu.so", "records", "python"),
     ],
 )
 def test_core_build_reads_where_every_core_module_came_from(

@@ -1,8 +1,8 @@
 """The Grafana dashboard only queries metrics (and labels) that the package defines.
 
 Definitions are read from the source (every ``metrics.counter|gauge|histogram("<name>", doc, [labels])``
-call under ``litellm_ratebalance/``), so renaming a metric or a label without updating
-``litellm_ratebalance/dashboards/litellm-ratebalance.json`` fails here.
+call under ``litellm_ratebalance/``, and the same calls inside ``litellm_ratebalance/metrics.py``), so renaming
+a metric or a label without updating ``litellm_ratebalance/dashboards/litellm-ratebalance.json`` fails here.
 """
 
 from __future__ import annotations
@@ -56,14 +56,16 @@ def defined_series() -> dict[str, set[str]]:
         tree = ast.parse(path.read_text("utf-8"))
         constants = _module_constants(tree)
         for node in ast.walk(tree):
-            if not (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name)
-                and node.func.value.id == "metrics"
-                and node.func.attr in _KINDS
-                and node.args
-            ):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+                # metrics.counter(...) and the like anywhere in the package
+                kind = node.func.attr if node.func.value.id == "metrics" else None
+            elif isinstance(node.func, ast.Name) and path.name == "metrics.py":
+                kind = node.func.id  # a family defined in litellm_ratebalance/metrics.py itself
+            else:
+                kind = None
+            if kind not in _KINDS:
                 continue
             name = _value(node.args[0], constants)
             assert isinstance(name, str), f"{path}:{node.lineno}: metric name not resolvable from the source"
@@ -73,9 +75,9 @@ def defined_series() -> dict[str, set[str]]:
             assert isinstance(labels, list | tuple), f"{path}:{node.lineno}: labels not resolvable from the source"
             label_set = {str(label) for label in labels}
             full = PREFIX + name
-            if node.func.attr == "counter":
+            if kind == "counter":
                 series[full + "_total"] = label_set
-            elif node.func.attr == "gauge":
+            elif kind == "gauge":
                 series[full] = label_set
             else:
                 for suffix in ("_bucket", "_count", "_sum"):

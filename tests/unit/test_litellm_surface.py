@@ -79,8 +79,9 @@ def test_custom_routing_strategy_picks_keep_their_signatures(method_name: str) -
 
 
 def test_proxy_still_requires_own_class_pre_call_hook() -> None:
-    """The proxy runs async_pre_call_hook only when the class itself defines it (LITELLM-NOTES)."""
-    from litellm_ratebalance.proxy.limiter import PriorityRateLimiter
+    """The proxy runs async_pre_call_hook (and the response-headers hook) only when the class itself defines
+    it: it checks ``"async_pre_call_hook" in vars(type(callback))``, so an inherited one is skipped silently."""
+    from litellm_ratebalance.proxy.admission import PriorityRateLimiter
 
     assert "async_pre_call_hook" in vars(PriorityRateLimiter)
     assert "async_post_call_response_headers_hook" in vars(PriorityRateLimiter)

@@ -29,6 +29,7 @@ def test_the_policy_modules_load_without_litellm() -> None:
 
 _CALLBACKS = {
     "backpressure": "BackpressureCallback",
+    "cost": "CostCallback",
     "rate_balancer": "RateBalancerCallback",
     "rate_limiter": "PriorityRateLimiter",
     "traffic_contracts": "TrafficContractsCallback",

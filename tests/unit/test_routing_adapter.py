@@ -7,14 +7,11 @@ from typing import Any
 import pytest
 from litellm.integrations.custom_logger import CustomLogger
 
-from litellm_ratebalance.proxy.routing import (
-    RateBalancedRouting,
-    RateBalancerCallback,
-    deployment_candidates,
-    model_info_problems,
-)
-from litellm_ratebalance.proxy.routing_calls import finish_call, record_call
+from litellm_ratebalance.proxy.routing import RateBalancedRouting, RateBalancerCallback
+from litellm_ratebalance.proxy.routing.calls import deployment_candidates, finish_call, record_call
+from litellm_ratebalance.proxy.runtime import get_runtime
 from litellm_ratebalance.routing import Candidate
+from litellm_ratebalance.routing.model_info import model_info_problems
 from tests.unit.routing_support import feed, make_balancer
 
 
@@ -350,7 +347,7 @@ async def test_filter_errors_leave_the_routers_choice() -> None:
 
 
 class _Gate:
-    """Stands in for the backpressure callback's ``deployment_available``."""
+    """Stands in for backpressure's deployment gate in the runtime's registry."""
 
     def __init__(self, refusing: set[str], *, gating: bool = True) -> None:
         self.refusing = refusing
@@ -366,14 +363,12 @@ class _Gate:
 
 
 async def test_filter_skips_deployments_backpressure_would_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
-    from litellm_ratebalance.proxy import backpressure as backpressure_module
-
     balancer, _ = make_balancer()
     feed(balancer, "g", "a", [200.0] * 10)  # a is by far the best...
     feed(balancer, "g", "b", [50.0] * 10)
     feed(balancer, "g", "c", [40.0] * 10)
     gate = _Gate({"a"})  # ...but at its backpressure limit
-    monkeypatch.setattr(backpressure_module, "backpressure", gate)
+    monkeypatch.setattr(get_runtime().registry, "deployment_gate", gate)
     callback = RateBalancerCallback(balancer=balancer)
     deployments = [deployment("a"), deployment("b"), deployment("c")]
     picks = {
@@ -391,13 +386,11 @@ async def test_filter_skips_deployments_backpressure_would_refuse(monkeypatch: p
 
 
 async def test_filter_does_not_ask_backpressure_when_it_gates_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from litellm_ratebalance.proxy import backpressure as backpressure_module
-
     balancer, _ = make_balancer()
     feed(balancer, "g", "a", [200.0] * 10)
     feed(balancer, "g", "b", [50.0] * 10)
     gate = _Gate({"a"}, gating=False)  # would refuse a, but says it gates no deployment (off / none configured)
-    monkeypatch.setattr(backpressure_module, "backpressure", gate)
+    monkeypatch.setattr(get_runtime().registry, "deployment_gate", gate)
     callback = RateBalancerCallback(balancer=balancer)
     picks = {
         (await callback.async_filter_deployments("g", [deployment("a"), deployment("b")], None, {}))[0]["model_info"][
@@ -411,11 +404,9 @@ async def test_filter_does_not_ask_backpressure_when_it_gates_nothing(monkeypatc
 async def test_filter_passes_the_callers_priority_to_backpressure(monkeypatch: pytest.MonkeyPatch) -> None:
     from litellm.proxy._types import UserAPIKeyAuth
 
-    from litellm_ratebalance.proxy import backpressure as backpressure_module
-
     balancer, _ = make_balancer()
     gate = _Gate(set())
-    monkeypatch.setattr(backpressure_module, "backpressure", gate)
+    monkeypatch.setattr(get_runtime().registry, "deployment_gate", gate)
     auth = UserAPIKeyAuth(api_key="sk-test", metadata={"priority": "batch"})
     kwargs = {"metadata": {"user_api_key_auth": auth}}
     await RateBalancerCallback(balancer=balancer).async_filter_deployments(

@@ -12,7 +12,7 @@ from litellm_ratebalance.settings import parse_settings
 
 
 @pytest.fixture(autouse=True)
-def _no_proposal_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_algorithm_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (
         "RB_LLM_CLIENT_SLIDING_WINDOW_SIZE",
         "RB_LLM_CLIENT_INPUT_TO_OUTPUT_TOKEN_RATIO",
@@ -25,7 +25,7 @@ def routing(**values: object) -> RoutingSettings:
     return parse_settings({"ratebalance": {"routing": values}}).ratebalance.routing
 
 
-def test_defaults_are_the_proposals() -> None:
+def test_defaults_are_the_plain_algorithms() -> None:
     s = RoutingSettings()
     assert (s.window_seconds, s.input_to_output_ratio, s.greediness) == (120, 250.0, 0.5)
     assert s.estimator == "normal" and s.refresh_interval == 1.0

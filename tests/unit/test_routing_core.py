@@ -13,10 +13,10 @@ from litellm_ratebalance.routing import Candidate, RoutingSettings, changes, evi
 from litellm_ratebalance.routing.estimator import DeploymentState
 from litellm_ratebalance.routing.fits import LoadFit, SizeFit
 from litellm_ratebalance.routing.inflight import InFlight
+from litellm_ratebalance.routing.records import RateAggregate
 from litellm_ratebalance.routing.snapshot import read_view, view_estimates
 from litellm_ratebalance.routing.view import GroupView, SyncPlan
 from litellm_ratebalance.routing.window import derive
-from litellm_ratebalance.routing_records import RateAggregate
 from litellm_ratebalance.store import MemoryStore
 from tests.unit.routing_support import Clock, feed, make_balancer, settings
 

@@ -23,7 +23,7 @@ from litellm_ratebalance.routing.estimator import (
     reweigh,
     weigh,
 )
-from litellm_ratebalance.routing_records import (
+from litellm_ratebalance.routing.records import (
     NUM_BINS,
     RATE_FLOOR,
     RateAggregate,

@@ -1,5 +1,5 @@
-"""``routing: {preset: proposal}``: the proposal's algorithm in one line, validated, and routing as the
-reference implementation of the proposal does."""
+"""``routing: {preset: plain}``: the plain rate-balancing algorithm in one line, validated, and routing as the
+reference implementation of that algorithm does; ``preset: proposal``, its former name, still works and warns."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.unit.test_routing_parity import WEIGHT_TOLERANCE, scenario
 
 
 @pytest.fixture(autouse=True)
-def _no_proposal_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_algorithm_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (
         "RB_LLM_CLIENT_SLIDING_WINDOW_SIZE",
         "RB_LLM_CLIENT_INPUT_TO_OUTPUT_TOKEN_RATIO",
@@ -33,13 +33,13 @@ def routing(**values: object) -> RoutingSettings:
 
 
 def test_the_preset_sets_every_addition_off() -> None:
-    s = routing(preset="proposal")
-    assert s.preset == "proposal"
-    for key, value in PRESETS["proposal"].items():
+    s = routing(preset="plain")
+    assert s.preset == "plain"
+    for key, value in PRESETS["plain"].items():
         assert getattr(s, key) == value, key
-    # The proposal's own defaults stand, and its knobs stay settable beside the preset.
+    # The algorithm's own defaults stand, and its knobs stay settable beside the preset.
     assert (s.window_seconds, s.greediness, s.input_to_output_ratio) == (120, 0.5, 250.0)
-    tuned = routing(preset="proposal", window_seconds=60, greediness=0.7, refresh_interval=0.5)
+    tuned = routing(preset="plain", window_seconds=60, greediness=0.7, refresh_interval=0.5)
     assert (tuned.window_seconds, tuned.greediness, tuned.refresh_interval, tuned.selection) == (60, 0.7, 0.5, "random")
 
 
@@ -50,21 +50,29 @@ def test_without_a_preset_nothing_changes() -> None:
 
 def test_a_setting_the_preset_fixes_is_refused_beside_it() -> None:
     with pytest.raises(ConfigurationError) as info:
-        routing(preset="proposal", selection="least_loaded", exploration_share=0.1)
+        routing(preset="plain", selection="least_loaded", exploration_share=0.1)
     text = str(info.value)
     assert "litellm_settings.ratebalance.routing" in text
-    assert "preset 'proposal' sets exploration_share, selection" in text
+    assert "preset 'plain' sets exploration_share, selection" in text
 
 
 def test_an_unknown_preset_names_the_valid_one() -> None:
-    with pytest.raises(ConfigurationError, match=r"routing.preset: must be 'proposal'"):
+    with pytest.raises(ConfigurationError, match=r"routing.preset: must be 'plain'"):
         routing(preset="fast")
 
 
-def test_the_proposals_environment_variables_apply_with_the_preset(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_former_name_proposal_is_the_plain_preset_with_a_warning() -> None:
+    with pytest.warns(FutureWarning, match=r"preset: 'proposal' is deprecated, use 'plain'"):
+        former = routing(preset="proposal")
+    assert former == routing(preset="plain")
+    with pytest.warns(FutureWarning), pytest.raises(ConfigurationError, match=r"preset 'plain' sets selection"):
+        routing(preset="proposal", selection="random")
+
+
+def test_the_environment_variables_apply_with_the_preset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RB_LLM_CLIENT_SLIDING_WINDOW_SIZE", "30")
     monkeypatch.setenv("RB_LLM_CLIENT_RATE_GREEDINESS_FACTOR", "0.6")
-    s = routing(preset="proposal")
+    s = routing(preset="plain")
     assert (s.window_seconds, s.greediness) == (30, 0.6)
 
 
@@ -72,7 +80,7 @@ async def test_the_preset_routes_as_the_reference_does() -> None:
     names, events = scenario(5)
     reference = ReferenceBalancer(names, window_seconds=120, ratio=250, greediness=0.5)
     clock = Clock()
-    settings = RoutingSettings(preset="proposal", bucket_seconds=2, refresh_interval=300.0)
+    settings = RoutingSettings(preset="plain", bucket_seconds=2, refresh_interval=300.0)
     ours = RateBalancer(MemoryStore(clock=clock), settings, clock=clock, rng=random.Random(3))
     current: float | None = None
     for at, name, sample in events:
@@ -104,7 +112,7 @@ async def test_the_preset_routes_as_the_reference_does() -> None:
 
 async def test_no_re_measuring_request_under_the_preset() -> None:
     clock = Clock()
-    settings = RoutingSettings(preset="proposal", bucket_seconds=2, refresh_interval=300.0)
+    settings = RoutingSettings(preset="plain", bucket_seconds=2, refresh_interval=300.0)
     ours = RateBalancer(MemoryStore(clock=clock), settings, clock=clock, rng=random.Random(1))
     group = (Candidate("slow"), Candidate("fast"))
     for rate in (100.0, 110.0, 90.0, 105.0):

@@ -75,7 +75,7 @@ async def test_smooth_bootstrap_with_every_candidate_busy_goes_to_the_least_busy
     assert picks.count("a") == 3 and picks.count("b") == 3
 
 
-async def test_random_selection_is_the_proposals_draw() -> None:
+async def test_random_selection_is_the_plain_algorithms_draw() -> None:
     balancer, _ = make_balancer(selection="random")
     feed(balancer, G, "a", [100.0, 110.0, 90.0, 105.0])
     feed(balancer, G, "b", [95.0, 100.0, 90.0, 98.0])

@@ -102,9 +102,9 @@ async def test_a_faster_deployment_of_unknown_slots_is_not_piled_onto(presume: b
         assert picks.count("a") > 10
 
 
-def test_the_proposal_preset_presumes_nothing() -> None:
+def test_the_plain_preset_presumes_nothing() -> None:
     # (its load awareness is off, and the presumption acts only with it)
-    assert not RoutingSettings(preset="proposal").load_aware
+    assert not RoutingSettings(preset="plain").load_aware
 
 
 def test_slots_are_not_presumed_by_default() -> None:

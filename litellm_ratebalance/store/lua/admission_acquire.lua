@@ -6,8 +6,9 @@
 -- Clock: Redis server TIME (milliseconds), read only when deciding; the caller's clock is never used.
 -- KEYS[1]  hash of the model group's current window. Fields: start (ms), r / t (model requests / tokens),
 --          r:<pool> / t:<pool> (per pool), c (tokens carried from the previous window, included in t),
---          f (1: a request was refused for the model's tokens), ps / pt / pl / pf (previous window's
---          start, final tokens, tpm or -1, f). Restarted when now >= start + window.
+--          f (1: a request was refused for the model's tokens), g (the most of the headroom that requests
+--          within their pool's share reserved), ps / pt / pl / pf / pg (previous window's start, final
+--          tokens, tpm or -1, f, g). Restarted when now >= start + window.
 -- KEYS[2]  hash of the model group's learned output estimate (same hash tag). Fields: c<b> / s<b> (count /
 --          sum of the samples in bucket b), n / S (count / sum of all samples), e (the current estimate), h (the
 --          headroom: tokens of the tpm new reservations leave free).
@@ -172,13 +173,15 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local start = tonumber(redis.call('HGET', wkey, 'start'))
 if (not start) or now >= start + window then
   if start then
-    local ended = redis.call('HMGET', wkey, 't', 'f', 'pt', 'pl', 'pf')
+    local ended = redis.call('HMGET', wkey, 't', 'f', 'pt', 'pl', 'pf', 'g', 'pg')
     local ended_tokens = num(ended[1])
     local before_tpm = tonumber(ended[4]) or -1
     if ended[5] == '1' and before_tpm >= 0 then
-      -- the window before the ended one was saturated and its corrections are in: learn the headroom
+      -- the window before the ended one was saturated and its corrections are in: learn the headroom,
+      -- from what it ended above the limit it admitted against (the headroom within-share requests took
+      -- included)
       local room = num(redis.call('HGET', ekey, 'h'))
-      local overshoot = num(ended[3]) - (before_tpm - room)
+      local overshoot = num(ended[3]) - (before_tpm - room + math.min(math.max(0, num(ended[7])), room))
       local moved = (1 - headroom_weight) * room + headroom_weight * overshoot
       room = math.min(math.max(0, moved), headroom_cap * before_tpm)
       redis.call('HSET', ekey, 'h', string.format('%.17g', room))
@@ -193,7 +196,7 @@ if (not start) or now >= start + window then
     if ended[2] == '1' then full = 1 end
     redis.call('DEL', wkey)
     redis.call('HSET', wkey, 'start', now, 'c', carry, 'ps', start, 'pt', ended_tokens, 'pl', prev_tpm,
-      'pf', full)
+      'pf', full, 'pg', ended[6] or 0)
     if carry > 0 then redis.call('HSET', wkey, 't', carry) end
   else
     redis.call('HSET', wkey, 'start', now)
@@ -235,10 +238,15 @@ for i = 0, n_floors - 1 do
   held_t = held_t + math.max(0, ft - num(ov[2]))
 end
 
+-- the headroom comes out of borrowing: a request that keeps its pool within its share need not leave it free
+local within = pool_tpm >= 0 and fits(ptok, cost, pool_tpm)
+local kept = headroom
+if headroom <= 0 or within then kept = 0 end
+
 local reason = 0
 if rpm >= 0 and not fits(req, 1, rpm - held_r) then
   reason = 1
-elseif tpm >= 0 and not fits(tok, cost, tpm - held_t - headroom) then
+elseif tpm >= 0 and not fits(tok, cost, tpm - held_t - kept) then
   reason = 2
   redis.call('HSET', wkey, 'f', 1)
 elseif strict and pool_rpm >= 0 and not fits(preq, 1, pool_rpm) then
@@ -252,6 +260,13 @@ if reason == 0 then
   preq = redis.call('HINCRBY', wkey, 'r:' .. pool, 1)
   tok = redis.call('HINCRBY', wkey, 't', cost)
   ptok = redis.call('HINCRBY', wkey, 't:' .. pool, cost)
+  if tpm >= 0 and headroom > 0 and within then
+    -- the part of the headroom this reservation took (for learning the headroom): the window keeps the most
+    local taken = math.min(headroom, math.max(0, tok - (tpm - held_t - headroom)))
+    if taken > num(redis.call('HGET', wkey, 'g')) then
+      redis.call('HSET', wkey, 'g', string.format('%.17g', taken))
+    end
+  end
 end
 redis.call('PEXPIREAT', wkey, start + window + linger)
 

@@ -10,6 +10,7 @@
 --           an end mark appends {now ms, epoch ms, integral (string), share (string)}.
 
 --#include _sharing
+--#include _lease_purge
 
 local leases, costs = KEYS[1], KEYS[2]
 local id = ARGV[1]
@@ -17,17 +18,7 @@ local id = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
-if #expired > 0 then
-  local freed = 0
-  for _, lease in ipairs(expired) do
-    freed = freed + (tonumber(redis.call('HGET', costs, 'l:' .. lease)) or 0)
-    redis.call('HDEL', costs, 'l:' .. lease)
-  end
-  redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
-  -- HINCRBY refuses "-0" (Lua's text for minus zero): only write a change.
-  if freed > 0 then redis.call('HINCRBY', costs, 'total', -freed) end
-end
+purge_expired(leases, costs, now)
 
 local released = redis.call('ZREM', leases, id)
 if released == 1 then

@@ -9,23 +9,15 @@
 -- ARGV[2..] lease ids to renew
 -- Returns  {leases renewed, leases alive, reserved tokens}
 
+--#include _lease_purge
+
 local leases, costs = KEYS[1], KEYS[2]
 local ttl = tonumber(ARGV[1])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
-if #expired > 0 then
-  local freed = 0
-  for _, lease in ipairs(expired) do
-    freed = freed + (tonumber(redis.call('HGET', costs, 'l:' .. lease)) or 0)
-    redis.call('HDEL', costs, 'l:' .. lease)
-  end
-  redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
-  -- HINCRBY refuses "-0" (Lua's text for minus zero): only write a change.
-  if freed > 0 then redis.call('HINCRBY', costs, 'total', -freed) end
-end
+purge_expired(leases, costs, now)
 
 local renewed = 0
 for i = 2, #ARGV do

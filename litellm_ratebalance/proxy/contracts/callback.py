@@ -72,7 +72,7 @@ __all__ = [
     "traffic_contracts",
 ]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.contracts")
 
 COMPONENT = "traffic_contracts"
 ENTRY_KEY = "ratebalance_traffic_contract"
@@ -193,7 +193,7 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
             "Configured traffic contract per window, per feature and __basket__ (absent: no contract)",
             ["feature", "kind"],
         )
-        self._latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
+        self._latency = metrics.hook_latency()
         self._late_replies = late_replies()
 
     def _runtime(self) -> Runtime:

@@ -1,18 +1,25 @@
 """Backpressure's Prometheus series (on the proxy's ``/metrics``; names get the package prefix there).
 
 Gauges per deployment (limit, in flight, queue depth, utilisation per signal, learned output), counters of
-refusals and drops, the queue-wait histogram, and the shared hook-latency histogram. Each function looks
-its family up in :mod:`litellm_ratebalance.metrics` (created once, on first use).
+refusals and drops, the queue-wait histogram (the hook-latency histogram all parts share is
+:func:`litellm_ratebalance.metrics.hook_latency`). Each function looks its family up in
+:mod:`litellm_ratebalance.metrics` (created once, on first use).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
 
 from litellm_ratebalance import metrics
 
-__all__ = ["count_drop", "count_refusal", "hook_latency", "observe_queue_wait", "set_gauges"]
+__all__ = [
+    "count_drop",
+    "count_preemptions",
+    "count_refusal",
+    "observe_queue_wait",
+    "set_gauges",
+    "set_signal_health",
+]
 
 _QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -58,6 +65,48 @@ def set_gauges(
         ).labels(deployment_id).set(prompt_scale)
 
 
+def set_signal_health(
+    deployment_id: str,
+    *,
+    server: str | None,
+    servers: Sequence[str],
+    problems: Collection[str],
+    known_problems: Sequence[str],
+    kv_capacity_tokens: int | None,
+) -> None:
+    """What the deployment's signals are worth: 1 for the server answering and each problem that holds, 0 for
+    the others (every known value is set, so a cleared problem reads 0), and its KV-cache capacity in use."""
+    kinds = metrics.gauge(
+        "backpressure_server",
+        "Server answering the deployment's metrics endpoint (1 for the one recognised)",
+        ["deployment", "server"],
+    )
+    for name in servers:
+        kinds.labels(deployment_id, name).set(1 if name == server else 0)
+    gauge = metrics.gauge(
+        "backpressure_signal_problem",
+        "Problems of a deployment's server signals (1 while it holds): unreachable, unrecognised, server_mismatch, "
+        "no_kv_usage, no_kv_capacity, no_queue, out_of_range",
+        ["deployment", "problem"],
+    )
+    for name in known_problems:
+        gauge.labels(deployment_id, name).set(1 if name in problems else 0)
+    if kv_capacity_tokens is not None:
+        metrics.gauge(
+            "backpressure_kv_capacity_tokens",
+            "KV-cache capacity of the deployment in tokens (kv_cache_tokens, else what its server exports)",
+            ["deployment"],
+        ).labels(deployment_id).set(kv_capacity_tokens)
+
+
+def count_preemptions(deployment_id: str, count: float) -> None:
+    metrics.counter(
+        "backpressure_server_preemptions",
+        "Requests the inference server preempted (vLLM) or retracted (SGLang) for want of KV cache",
+        ["deployment"],
+    ).labels(deployment_id).inc(count)
+
+
 def count_refusal(model_group: str, tier: str, reason: str) -> None:
     metrics.counter(
         "backpressure_refusals",
@@ -79,8 +128,3 @@ def observe_queue_wait(deployment_id: str, seconds: float) -> None:
         ["deployment"],
         buckets=_QUEUE_WAIT_BUCKETS,
     ).labels(deployment_id).observe(seconds)
-
-
-def hook_latency() -> Any:
-    """The shared hook latency histogram (the same family the limiter and the contracts observe)."""
-    return metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])

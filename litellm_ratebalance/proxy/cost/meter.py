@@ -1,19 +1,16 @@
-"""LiteLLM adapter of cost attribution: GPU-seconds of local deployments, LiteLLM's response cost of the rest.
-
-Config: ``litellm_settings.callbacks: [..., "litellm_ratebalance.cost"]`` for API deployments' cost; local
-deployments (those behind ``litellm_ratebalance.backpressure``) are metered by backpressure itself. Settings
-under ``litellm_settings.ratebalance.cost``. See docs/cost.md.
+"""Cost's meter: GPU-seconds of local deployments, LiteLLM's response cost of the rest.
 
 Two paths:
 
-* **Local deployments.** Backpressure asks the process-wide :class:`CostMeter` what to mark when it takes and
+* **Local deployments.** Backpressure asks the runtime's lease meter (a :class:`CostMeter`, the default of
+  :meth:`~litellm_ratebalance.proxy.runtime.Registry.lease_meter`) what to mark when it takes and
   gives back a request's slot (its lease), and the store marks it in the same atomic step
   (:mod:`litellm_ratebalance.store.metering`; no round trip of its own): :meth:`CostMeter.start_mark` before
   the acquire, :meth:`CostMeter.lease_started` with the start mark it returned, :meth:`CostMeter.lease_usage`
   with the response's tokens, :meth:`CostMeter.end_mark` before the release and :meth:`CostMeter.lease_ended`
   with the end mark, which carries the request's GPU-seconds (:mod:`litellm_ratebalance.attribution.sharing`).
-* **API deployments.** :class:`CostCallback`'s success event adds LiteLLM's ``response_cost`` (USD) of every call
-  that was not served by a local deployment.
+* **API deployments.** The cost callback's success event (:mod:`.callback`) adds LiteLLM's ``response_cost``
+  (USD) of every call that was not served by a local deployment (:meth:`CostMeter.api_cost`).
 
 Series (labels ``priority``, ``team``, ``feature`` resolved as in :mod:`litellm_ratebalance.attribution.labels`):
 ``gpu_seconds_total{deployment,...}``, ``cost_usd_total{...,source}`` (``api``; ``gpu`` when a GPU-hour price is
@@ -33,19 +30,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from litellm.integrations.custom_logger import CustomLogger
-
 from litellm_ratebalance import metrics
 from litellm_ratebalance.attribution.config import CostSettings
 from litellm_ratebalance.attribution.labels import CostLabels, TeamLabels, cost_labels
 from litellm_ratebalance.attribution.sharing import Mark
 from litellm_ratebalance.contracts.policy import ContractBook, resolve_feature
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.runtime import get_runtime, schedule_startup_check
+from litellm_ratebalance.proxy.runtime import Runtime, get_runtime
 from litellm_ratebalance.settings import Settings
 from litellm_ratebalance.store.metering import CostMark, MeterEnd, MeterStart
 
-__all__ = ["CostCallback", "CostMeter", "cost", "cost_meter"]
+__all__ = ["CostMeter", "cost_meter"]
 
 logger = logging.getLogger("litellm_ratebalance.cost")
 
@@ -96,14 +91,18 @@ class _Derived:
 
 
 class CostMeter:
-    """Process-wide cost bookkeeping (one per process: :func:`cost_meter`); see the module docstring.
+    """Cost bookkeeping of one process (the runtime's lease meter: :func:`cost_meter`); see the module docstring.
 
     ``clock``: monotonic seconds, only to forget requests whose end never arrived (a lost event): after
-    ``backpressure.lease_max_age_seconds``, as backpressure stops renewing their leases then.
+    ``backpressure.lease_max_age_seconds``, as backpressure stops renewing their leases then. ``settings``:
+    where the settings come from (the process runtime's by default).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, *, settings: Callable[[], Settings] | None = None
+    ) -> None:
         self._clock = clock
+        self._settings = settings if settings is not None else lambda: get_runtime().settings()
         self._open: dict[str, _Open] = {}
         self._derived: _Derived | None = None
         self._local: set[str] = set()
@@ -114,7 +113,7 @@ class CostMeter:
         """Derived settings, rebuilt when the settings object changes; ``None`` when cost is off or the
         settings are invalid (the start-up check reports those)."""
         try:
-            settings = get_runtime().settings()
+            settings = self._settings()
         except Exception:
             return None
         if not settings.ratebalance.cost.enabled:
@@ -275,31 +274,9 @@ def _tags(value: object) -> list[object]:
     return list(value) if isinstance(value, list | tuple) else []
 
 
-_METER = CostMeter()
-
-
-def cost_meter() -> CostMeter:
-    """The process's meter (backpressure's hooks and :class:`CostCallback` share it)."""
-    return _METER
-
-
-class CostCallback(CustomLogger):  # type: ignore[misc]
-    """Counts LiteLLM's response cost of API deployments (``litellm_ratebalance.cost`` in callbacks).
-
-    Local deployments are metered by backpressure through :func:`cost_meter`; their calls are skipped here, so
-    nothing is charged twice. In the proxy, building one schedules the start-up check of the settings.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        schedule_startup_check()
-
-    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
-        try:
-            if isinstance(kwargs, Mapping):
-                cost_meter().api_cost(kwargs, response_obj)
-        except Exception:
-            logger.exception("litellm_ratebalance cost: accounting of a response cost failed")
-
-
-cost = CostCallback()
+def cost_meter(runtime: Runtime | None = None) -> CostMeter | None:
+    """The cost meter of ``runtime`` (the process's by default): the lease meter its registry hands
+    backpressure's lease path, which the cost callback charges API cost through too; ``None`` when another
+    lease meter was provided (the API cost is then not charged)."""
+    meter = (runtime or get_runtime()).registry.lease_meter()
+    return meter if isinstance(meter, CostMeter) else None

@@ -1,8 +1,9 @@
 """Backpressure's background step, every ``signals.scrape_interval_seconds`` (one task per process):
 scrape the inference servers' metrics, read NVML, renew this process's leases (every third of their TTL),
-refresh the shared in-flight counts and the gauges, and stop renewing leases whose request never reported
-back (``lease_max_age_seconds``). A fresh measurement wakes the queues: a KV cache that drained may let the
-head of a queue in.
+refresh the shared in-flight counts and the gauges, follow the server signals (GPU memory floor,
+preemptions, signal health: :mod:`.signals`) and publish their reports for ``status``, and stop
+renewing leases whose request never reported back (``lease_max_age_seconds``). A fresh measurement wakes the
+queues: a KV cache that drained may let the head of a queue in.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import asyncio
 import logging
 
 from litellm_ratebalance.errors import StoreError
-from litellm_ratebalance.proxy.backpressure_admit import COMPONENT, gauges
-from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState
+from litellm_ratebalance.proxy.backpressure.admit import COMPONENT, gauges
+from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState
+from litellm_ratebalance.proxy.backpressure.signals import follow_signals, publish_reports, scrape_servers
 from litellm_ratebalance.proxy.runtime import get_runtime
 
 __all__ = ["maintain_forever", "maintain_once"]
@@ -22,6 +24,7 @@ logger = logging.getLogger("litellm_ratebalance.backpressure")
 
 async def maintain_forever(ctx: Context) -> None:
     """:func:`maintain_once` every scrape interval, forever (cancelled when the settings change or on close)."""
+    task = asyncio.current_task()
     while True:
         try:
             await maintain_once(ctx)
@@ -29,6 +32,10 @@ async def maintain_forever(ctx: Context) -> None:
             raise
         except Exception:
             logger.exception("litellm_ratebalance backpressure: maintenance step failed")
+        if task is not None and task.cancelling():
+            # Cancelled during the step, and something on the way (a client library's clean-up) swallowed the
+            # CancelledError: stop anyway, or whoever awaits the cancelled task waits forever.
+            raise asyncio.CancelledError
         await asyncio.sleep(ctx.settings.signals.scrape_interval_seconds)
 
 
@@ -37,19 +44,7 @@ async def maintain_once(ctx: Context) -> None:
     settings = ctx.settings
     now = ctx.clock()
     deployments = list(ctx.deployments.values())
-    scraped = [s for s in deployments if s.config.metrics_url]
-    scrapes = [
-        ctx.board.scrape(
-            s.deployment_id, s.config.metrics_url or "", s.config.server, settings.signals.scrape_timeout_seconds, now
-        )
-        for s in scraped
-    ]
-    if scrapes:
-        readings = await asyncio.gather(*scrapes, return_exceptions=True)
-        answered = ctx.clock()  # requests ending after this are in the readings (see held_at_scrape)
-        for state, reading in zip(scraped, readings, strict=True):
-            if reading is not None and not isinstance(reading, BaseException):
-                state.scraped(answered)
+    await scrape_servers(ctx, deployments, now)
     if settings.signals.nvml:
         for indices in {s.config.gpu_indices for s in deployments}:
             ctx.board.sample_gpus(indices, now)
@@ -68,9 +63,11 @@ async def maintain_once(ctx: Context) -> None:
             runtime.faults.record(COMPONENT, exc, runtime.settings())
             continue
         state.counts(snapshot.inflight, snapshot.reserved_tokens, ctx.clock())
+        follow_signals(ctx, state, now)
         gauges(ctx, state, ctx.server_signals(state))
         if len(state.queue):
             state.wake.set()
+    await publish_reports(ctx, deployments, now)
 
 
 def _drop_stale_leases(ctx: Context, state: DeploymentState, now: float) -> None:

@@ -9,26 +9,24 @@ finished call's sample.
 * :func:`record_call`, :func:`finish_call`: a finished call's sample (rate, failure, TTFT, ``x-ratelimit-*``
   headers) from LiteLLM's logging ``kwargs``, and an answer's end from its post-call hook's data.
 
-Nothing here picks: :mod:`litellm_ratebalance.proxy.routing` holds the callback and the SDK strategy.
+Nothing here picks: :mod:`.callback` holds the callback and the SDK strategy.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.tokens import message_text_chars, requested_output_tokens
 from litellm_ratebalance.routing.balancer import RateBalancer
-from litellm_ratebalance.routing.model_info import deployment_id as _deployment_id
-from litellm_ratebalance.routing.model_info import model_info_problems
+from litellm_ratebalance.routing.model_info import model_info_problems, read_candidate, read_candidates
+from litellm_ratebalance.routing.model_info import non_negative as _non_negative
 from litellm_ratebalance.routing.model_info import positive as _positive
-from litellm_ratebalance.routing.model_info import slots as _slots
+from litellm_ratebalance.routing.records import RateLimitObservation, parse_reset_seconds
 from litellm_ratebalance.routing.types import Candidate
-from litellm_ratebalance.routing_records import RateLimitObservation, parse_reset_seconds
 
 __all__ = [
     "Pool",
@@ -41,20 +39,10 @@ __all__ = [
     "request_work",
 ]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.routing")
 
 _REQUEST_FAULT_CODES = frozenset({400, 413, 422})
 """Failures that say nothing about the deployment (bad request, too large, unprocessable)."""
-
-
-def _non_negative(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if number >= 0 and math.isfinite(number) else None
 
 
 _candidate_cache: dict[int, tuple[Mapping[str, Any], Candidate]] = {}
@@ -68,18 +56,9 @@ def _candidate(deployment: Mapping[str, Any]) -> Candidate | None:
     cached = _candidate_cache.get(key)
     if cached is not None and cached[0] is deployment:
         return cached[1]
-    deployment_id = _deployment_id(deployment)
-    if deployment_id is None:
+    candidate = read_candidate(deployment)
+    if candidate is None:
         return None
-    info = deployment.get("model_info") or {}
-    params = deployment.get("litellm_params") or {}
-    candidate = Candidate(
-        deployment_id,
-        _positive(info.get("input_to_output_ratio")),
-        _positive(params.get("tpm", deployment.get("tpm"))),
-        _positive(params.get("rpm", deployment.get("rpm"))),
-        _slots(info.get("slots")),
-    )
     for problem in model_info_problems([deployment]):
         logger.warning("litellm_ratebalance routing: %s", problem)  # once per deployment dict (cached below)
     if len(_candidate_cache) >= _CANDIDATE_CACHE_SIZE:
@@ -89,20 +68,12 @@ def _candidate(deployment: Mapping[str, Any]) -> Candidate | None:
 
 
 def deployment_candidates(deployments: Sequence[Mapping[str, Any]]) -> tuple[Candidate, ...] | None:
-    """The balancer's view of LiteLLM deployment dicts (None when one lacks a ``model_info.id``).
-
-    The ratio comes from ``model_info.input_to_output_ratio``, the slots from ``model_info.slots``; tpm / rpm
-    from ``litellm_params`` (or the deployment's top level, where LiteLLM also accepts them). A dict is read
-    once and remembered (the Router passes the same dicts each time and builds new ones when its model list
-    changes).
+    """The balancer's view of LiteLLM deployment dicts (None when one lacks a ``model_info.id``):
+    :func:`~litellm_ratebalance.routing.model_info.read_candidates`, but a dict is read once and remembered (the
+    Router passes the same dicts each time and builds new ones when its model list changes), and a bad value
+    in its ``model_info`` is logged as a warning when it is first read.
     """
-    out: list[Candidate] = []
-    for deployment in deployments:
-        candidate = _candidate(deployment)
-        if candidate is None:
-            return None
-        out.append(candidate)
-    return tuple(out)
+    return read_candidates(deployments, _candidate)
 
 
 class Pool(NamedTuple):

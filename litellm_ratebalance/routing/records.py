@@ -8,7 +8,8 @@
   (:func:`parse_reset_seconds` reads their reset durations).
 
 A module of its own so that the store (:mod:`litellm_ratebalance.store.routing`) depends on these types only,
-not on the routing package. Nothing here does I/O or reads a clock.
+not on the rest of the routing core (the package serves its names on first use, so importing this module
+loads nothing else of it). Nothing here does I/O or reads a clock.
 """
 
 from __future__ import annotations

@@ -23,10 +23,9 @@ from typing import Any
 
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.overload.shedding import Verdict, store_refusal
-from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState, Lease, Profile, Waiter
-from litellm_ratebalance.proxy.backpressure_metrics import observe_queue_wait, set_gauges
-from litellm_ratebalance.proxy.backpressure_refusals import MARK, queue_full, queue_timeout, refusal
-from litellm_ratebalance.proxy.cost import cost_meter
+from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState, Lease, Profile, Waiter
+from litellm_ratebalance.proxy.backpressure.metrics import observe_queue_wait, set_gauges
+from litellm_ratebalance.proxy.backpressure.refusals import MARK, queue_full, queue_timeout, refusal
 from litellm_ratebalance.proxy.runtime import get_runtime
 from litellm_ratebalance.proxy.store_metrics import late_replies
 from litellm_ratebalance.store.concurrency import LeaseRefusal, LeaseResult
@@ -92,7 +91,7 @@ async def _try_lease(
     lease_id = uuid.uuid4().hex
     cost = ctx.cost(state, profile)
     runtime = get_runtime()
-    meter = cost_meter()
+    meter = runtime.registry.lease_meter()
     try:
         result = await runtime.store().lease_acquire(
             state.deployment_id,
@@ -237,7 +236,7 @@ async def release(ctx: Context, lease: Lease) -> None:
     if state is None:
         return
     runtime = get_runtime()
-    meter = cost_meter()
+    meter = runtime.registry.lease_meter()
     end_mark = None
     try:
         # cost: the end mark rides on the release (the count from then on excludes this request)

@@ -27,17 +27,17 @@ Which hooks, and why (LiteLLM picks the deployment *after* ``async_pre_call_hook
 * One background task per process (started on first use) scrapes the inference servers' metrics, reads
   NVML, renews this process's leases and refreshes the shared in-flight counts.
 
-The parts behind the hooks: the state and the lease book (:mod:`.backpressure_book`), taking and giving back
-slots with the wait queue (:mod:`.backpressure_admit`), refusals and their log lines
-(:mod:`.backpressure_refusals`), the background step (:mod:`.backpressure_maintain`), the metrics
-(:mod:`.backpressure_metrics`); the policy itself is pure, in :mod:`litellm_ratebalance.overload`.
+The parts behind the hooks: the state and the lease book (:mod:`.book`), taking and giving back
+slots with the wait queue (:mod:`.admit`), refusals and their log lines
+(:mod:`.refusals`), the background step (:mod:`.maintain`), the metrics
+(:mod:`.metrics`); the policy itself is pure, in :mod:`litellm_ratebalance.overload`.
 
 Errors clients see: 503 (shed: ``memory_pressure``, ``compute_saturation``, ``queue_overflow``) or 429
 (``concurrency_limit``), with ``retry-after`` from the drain rate, ``x-litellm-backpressure-reason`` and
 ``x-litellm-backpressure-advice`` (``retry`` | ``reroute``). Nothing else our hooks hit reaches a client:
 every other failure is logged and the request passes (store faults follow ``ratebalance.fail_mode``).
 LiteLLM's own log line for each refusal (an ERROR, with a traceback for a 503) is replaced by one WARNING
-per reason per interval (:mod:`.backpressure_refusals`); the metric counts them all.
+per reason per interval (:mod:`.refusals`); the metric counts them all.
 
 Identity: the priority and fairness key come from the ``UserAPIKeyAuth`` the proxy puts in the request
 metadata (``metadata.user_api_key_auth``, resolved like the limiter: team metadata, then key metadata),
@@ -56,11 +56,11 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from litellm_ratebalance.errors import ConfigurationError
+from litellm_ratebalance.metrics import hook_latency
 from litellm_ratebalance.overload.shedding import Tiers
 from litellm_ratebalance.overload.signals import Fetcher, GpuProbe, NvmlProbe, SignalBoard
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.backpressure_admit import (
+from litellm_ratebalance.proxy.backpressure.admit import (
     admit,
     refresh_counts,
     release,
@@ -68,20 +68,29 @@ from litellm_ratebalance.proxy.backpressure_admit import (
     sort_candidates,
     taken_elsewhere,
 )
-from litellm_ratebalance.proxy.backpressure_book import PROCESS, Context, Profile
-from litellm_ratebalance.proxy.backpressure_maintain import maintain_forever
-from litellm_ratebalance.proxy.backpressure_maintain import maintain_once as _maintain_once
-from litellm_ratebalance.proxy.backpressure_metrics import hook_latency
-from litellm_ratebalance.proxy.backpressure_refusals import is_ours, queue_full, quiet_refusal_logs, refusal
-from litellm_ratebalance.proxy.backpressure_requests import learn, profile_of
-from litellm_ratebalance.proxy.cost import cost_meter
-from litellm_ratebalance.proxy.runtime import get_runtime, schedule_startup_check
+from litellm_ratebalance.proxy.backpressure.book import BackpressureProcess, Context
+from litellm_ratebalance.proxy.backpressure.maintain import maintain_forever
+from litellm_ratebalance.proxy.backpressure.maintain import maintain_once as _maintain_once
+from litellm_ratebalance.proxy.backpressure.refusals import is_ours, queue_full, quiet_refusal_logs, refusal
+from litellm_ratebalance.proxy.backpressure.requests import learn, profile_of
+from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 
-__all__ = ["BackpressureCallback", "backpressure", "startup_model_info_problems"]
+__all__ = ["BackpressureCallback", "backpressure", "process_of", "startup_model_info_problems"]
 
 logger = logging.getLogger("litellm_ratebalance.backpressure")
 
 _COMPONENT = "backpressure"
+
+
+def process_of(runtime: Runtime) -> BackpressureProcess:
+    """Backpressure's state in ``runtime``: its registry's deployment gate, created there on first use."""
+    gate = runtime.registry.deployment_gate
+    if isinstance(gate, BackpressureProcess):
+        return gate
+    process = BackpressureProcess()
+    runtime.registry.deployment_gate = process
+    runtime.registry.on_reset(process.stop)
+    return process
 
 
 class BackpressureCallback(CustomLogger):  # type: ignore[misc]
@@ -120,8 +129,9 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         Another instance of this class finding the context live uses it as it is (its leases, queue and
         limits): rebuilding it would forget the slots the first one holds. The first instance's probe,
         fetcher and clock stay in use until the settings change."""
+        runtime = get_runtime()
         try:
-            settings = get_runtime().settings().ratebalance.backpressure
+            settings = runtime.settings().ratebalance.backpressure
         except Exception as exc:  # ConfigurationError: already names the key; logged once, requests pass
             if not self._config_error_logged:
                 self._config_error_logged = True
@@ -130,7 +140,8 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         if not settings.enabled:
             return None
         loop = asyncio.get_running_loop()
-        ctx = PROCESS.ctx
+        process = process_of(runtime)
+        ctx = process.ctx
         if ctx is None or ctx.loop is not loop or ctx.settings is not settings:
             if ctx is not None and ctx.maintenance is not None and ctx.loop is loop:
                 ctx.maintenance.cancel()
@@ -139,9 +150,9 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 probe = NvmlProbe()
             board = SignalBoard(self._fetch, probe)
             ctx = Context(loop, settings, Tiers(settings.tiers), board, self._clock, owner=self)
-            PROCESS.ctx = ctx
+            process.ctx = ctx
             # Scraping starts before the first request reaches a deployment.
-            for deployment in _litellm.router_deployments(get_runtime().router()):
+            for deployment in _litellm.router_deployments(runtime.router()):
                 ctx.deployment(_litellm.deployment_model_info(deployment), _litellm.deployment_model_group(deployment))
         if ctx.maintenance is None or ctx.maintenance.done():
             ctx.maintenance = loop.create_task(maintain_forever(ctx), name="litellm_ratebalance.backpressure")
@@ -149,24 +160,12 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     # -- routing --------------------------------------------------------------------------------------------
     def gates_deployments(self) -> bool:
-        """Whether :meth:`deployment_available` can say False for any deployment now (backpressure on, with
-        deployments configured); lets the routing hook skip asking per deployment."""
-        ctx = PROCESS.ctx
-        return ctx is not None and ctx.settings.enabled and bool(ctx.deployments)
+        """:meth:`BackpressureProcess.gates_deployments` of this process."""
+        return process_of(get_runtime()).gates_deployments()
 
     def deployment_available(self, deployment_id: str, priority: str | None = None) -> bool:
-        """Whether a request of ``priority`` would be admitted by this deployment now (for routing
-        strategies that want to skip deployments at their limit or shedding without calling the filter).
-        Unknown deployments, and everything when backpressure is off, count as available."""
-        ctx = PROCESS.ctx
-        if ctx is None or not ctx.settings.enabled:
-            return True
-        state = ctx.deployments.get(deployment_id)
-        if state is None:
-            return True
-        rank = ctx.tiers.rank(priority if priority in ctx.tiers else None)
-        profile = Profile(ctx.tiers.name(rank), rank, 0, 0, "anonymous", 1.0)
-        return ctx.decide(state, profile).admitted
+        """:meth:`BackpressureProcess.deployment_available` of this process."""
+        return process_of(get_runtime()).deployment_available(deployment_id, priority)
 
     async def async_filter_deployments(
         self,
@@ -281,7 +280,8 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             logger.exception("litellm_ratebalance backpressure: failure accounting failed")
 
     async def _finish(self, kwargs: Any, response_obj: Any, end_time: Any, *, failed: bool, exception: Any) -> None:
-        ctx = PROCESS.ctx
+        runtime = get_runtime()
+        ctx = process_of(runtime).ctx
         if ctx is None or not isinstance(kwargs, Mapping) or ctx.loop is not asyncio.get_running_loop():
             return
         call_id = _litellm.request_call_id(kwargs)
@@ -300,7 +300,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         state = ctx.deployments.get(lease.deployment_id)
         if state is not None:
             learn(ctx, state, lease, response_obj, end_time, failed, exception)
-        cost_meter().lease_usage(lease.lease_id, response_obj)  # cost: the tokens of the request
+        runtime.registry.lease_meter().lease_usage(lease.lease_id, response_obj)  # cost: the tokens of the request
         await release(ctx, lease)
 
     # -- headers --------------------------------------------------------------------------------------------
@@ -313,7 +313,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
         litellm_call_info: dict[str, object] | None = None,
     ) -> dict[str, str] | None:
         try:
-            ctx = PROCESS.ctx
+            ctx = process_of(get_runtime()).ctx
             if response is None or ctx is None:
                 return None  # refusals carry their headers themselves
             deployment_id = _litellm.response_deployment_id(response)
@@ -337,10 +337,11 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     async def aclose(self) -> None:
         """Stop the background tasks of the current context (tests; the proxy never needs it)."""
-        ctx = PROCESS.ctx
+        process = process_of(get_runtime())
+        ctx = process.ctx
         if ctx is None or ctx.owner is not self:
             return
-        PROCESS.ctx = None
+        process.ctx = None
         tasks = [ctx.maintenance, *(s.dispatcher for s in ctx.deployments.values())]
         for task in tasks:
             if task is not None and not task.done():
@@ -352,7 +353,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """This process's view per deployment (status output, tests)."""
-        ctx = PROCESS.ctx
+        ctx = process_of(get_runtime()).ctx
         if ctx is None:
             return {}
         return {
@@ -370,9 +371,17 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 "top_reserve": ctx.top_reserve(state),
                 "top_inflight": state.top_inflight,
                 "signals": ctx.server_signals(state),
+                "server": ctx.board.server(deployment_id),
+                "kv_cache_tokens": ctx.kv_capacity(state),
+                "signal_problems": _problems(ctx, deployment_id),
             }
             for deployment_id, state in ctx.deployments.items()
         }
+
+
+def _problems(ctx: Context, deployment_id: str) -> list[str]:
+    health = ctx.board.health(deployment_id)
+    return [] if health is None else [p.value for p in health.problems]
 
 
 def startup_model_info_problems(model_list: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -389,14 +398,7 @@ def startup_model_info_problems(model_list: Sequence[Mapping[str, Any]]) -> list
         info = _litellm.deployment_model_info(deployment)
         if info is None or info.get("id") is None:
             continue
-        deployment_id = str(info["id"])
-        try:
-            settings.for_deployment(deployment_id, info)
-        except ConfigurationError as exc:
-            where = f"deployment {deployment_id} (model_name {_litellm.deployment_model_group(deployment)})"
-            # The error reads "invalid configuration:" then one "deployment '<id>': <key>: <text>" line per problem.
-            for line in str(exc).splitlines()[1:]:
-                problems.append(f"{where}: {line.strip().removeprefix(f'deployment {deployment_id!r}: ')}")
+        problems += settings.deployment_problems(str(info["id"]), _litellm.deployment_model_group(deployment), info)
     return problems
 
 

@@ -33,6 +33,10 @@ class AdmissionTicket:
     the call); ``None`` when the request teaches nothing (no estimated output)."""
     local: bool = False
     """Admitted by this process's own store (``fail_mode: local``): its corrections go there."""
+    on_prior: bool = False
+    """Its output was reserved at ``default_output_tokens`` because nothing was learned yet (a cold start):
+    its correction is large, and other replicas decide against it until it is sent, so it is sent at once
+    instead of with the next admission (see :meth:`~.settle_queue.SettleQueue.send_now`)."""
 
 
 class TicketBook:

@@ -1,6 +1,6 @@
 """Model-group capacity (summed deployment tpm/rpm) read from the router, cached.
 
-LiteLLM's ``Router.get_model_group_info`` deep-copies and costs ~0.4 ms a call (see LITELLM-NOTES.md), so
+LiteLLM's ``Router.get_model_group_info`` deep-copies the group's deployments (~0.4 ms a call), so
 we sum ``tpm``/``rpm`` of the group's deployments ourselves (``litellm_params`` first, then
 ``model_info``, LiteLLM's order) and keep the result for ``refresh_seconds``, or until the proxy
 replaces its Router. The cache is bounded: a least-recently-used map of at most ``max_entries`` groups, and

@@ -20,8 +20,8 @@ from typing import Any
 
 from litellm_ratebalance.overload.shedding import Reason, Verdict, advice, retry_after_seconds
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState, Profile
-from litellm_ratebalance.proxy.backpressure_metrics import count_refusal
+from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState, Profile
+from litellm_ratebalance.proxy.backpressure.metrics import count_refusal
 
 __all__ = [
     "LITELLM_LOGGERS",
@@ -106,11 +106,13 @@ def _describe(
             f"requests of a higher priority tier are waiting for this deployment and get its next free "
             f"{'KV-cache tokens' if reason is Reason.MEMORY_PRESSURE else 'slots'} first"
         )
-    if reason is Reason.MEMORY_PRESSURE and verdict.token_cap is not None:
+    if reason is Reason.MEMORY_PRESSURE and verdict.token_cap is not None and verdict.signal == "kv_cache":
+        measured = ctx.server_signals(state).get("kv_cache")
+        reading = "" if measured is None else f", the server's kv_cache reads {measured:.2f}"
         return (
             f"not enough KV-cache headroom for ~{ctx.cost(state, profile)} tokens (prompt + expected output): "
-            f"{state.reserved_tokens} tokens reserved in flight, this tier may use {verdict.token_cap} of "
-            f"{state.config.kv_cache_tokens}"
+            f"{state.reserved_tokens} tokens reserved in flight{reading}, this tier may use {verdict.token_cap} of "
+            f"{ctx.kv_capacity(state)}"
         )
     if reason is Reason.CONCURRENCY_LIMIT:
         return f"all {limit} concurrency slots are in use"

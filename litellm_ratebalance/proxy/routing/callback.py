@@ -16,7 +16,7 @@
   health and cooldown filtering, so it asks the Router for the healthy deployments first.
 
 What the hooks read from LiteLLM's dicts (candidates, a request's size and id, a finished call's sample) is in
-:mod:`litellm_ratebalance.proxy.routing_calls`. What is a sample: a call that reached a deployment
+:mod:`.calls`. What is a sample: a call that reached a deployment
 (``model_id`` known) and was not a cache hit. A failure counts against the deployment (zero-rate sample)
 unless its status says the request itself was at fault (400, 413, 422). Nothing these hooks raise reaches a
 client: an internal error is logged and the Router's own choice stands.
@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -37,9 +36,9 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
 from litellm_ratebalance import metrics
+from litellm_ratebalance.identity import metadata_value
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.identity import metadata_value
-from litellm_ratebalance.proxy.routing_calls import (
+from litellm_ratebalance.proxy.routing.calls import (
     deployment_candidates,
     finish_call,
     model_group_of,
@@ -63,12 +62,10 @@ __all__ = [
     "ROUTING_WEIGHT",
     "RateBalancedRouting",
     "RateBalancerCallback",
-    "deployment_candidates",
-    "model_info_problems",
     "rate_balancer",
 ]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.routing")
 
 _LOG_INTERVAL_SECONDS = 30.0
 _last_hook_error = [float("-inf")]
@@ -103,9 +100,7 @@ _estimated_rate = metrics.gauge(
     _METRIC_LABELS,
 )
 # The family the limiter, contracts and backpressure observe too; one fixed child, looked up once.
-_filter_latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"]).labels(
-    "routing", "filter_deployments"
-)
+_filter_latency = metrics.hook_latency().labels("routing", "filter_deployments")
 _gauges_updated: dict[str, float] = {}
 _choice_children: dict[tuple[str, str], Any] = {}
 """Labelled counter children by (model group, deployment): ``labels()`` costs more than the increment."""
@@ -173,15 +168,13 @@ _D = TypeVar("_D", bound=Mapping[str, Any])
 
 
 def _backpressure_available(deployments: Sequence[_D], request_kwargs: Mapping[str, Any] | None) -> Sequence[_D]:
-    """``deployments`` without those the backpressure callback would refuse now (at their concurrency limit,
-    or shedding this request's priority tier); all of them when every one would refuse (backpressure then
-    answers with its own 429/503) or when the backpressure callback is not loaded in this process."""
-    module = sys.modules.get("litellm_ratebalance.proxy.backpressure")
-    if module is None:
-        return deployments  # never imported: not configured, nothing to consult
-    gate = module.backpressure
-    if not gate.gates_deployments():
-        return deployments  # loaded, but gating no deployment (off, or none configured)
+    """``deployments`` without those the backpressure part would refuse now (at their concurrency limit, or
+    shedding this request's priority tier); all of them when every one would refuse (backpressure then
+    answers with its own 429/503) or when backpressure does not run in this process (no deployment gate in
+    the runtime's registry)."""
+    gate = get_runtime().registry.deployment_gate
+    if gate is None or not gate.gates_deployments():
+        return deployments  # not running, or gating no deployment (off, or none configured)
     priority = metadata_value(_litellm.request_auth(request_kwargs or {}), "priority")
     available = [
         d
@@ -216,7 +209,35 @@ class _BalancerSource:
         return self._balancer
 
 
-class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
+class _OutcomeRecorder(CustomLogger):  # type: ignore[misc]
+    """The hooks that tell a balancer how its picks went: an answer's end, and each finished call's sample."""
+
+    def balancer(self) -> RateBalancer:
+        raise NotImplementedError
+
+    async def async_post_call_success_deployment_hook(
+        self, request_data: dict[str, Any], response: Any, call_type: Any
+    ) -> None:
+        try:
+            finish_call(self.balancer(), request_data)
+        except Exception:
+            _log_hook_error("async_post_call_success_deployment_hook")
+        return None  # the response unchanged
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        try:
+            record_call(self.balancer(), kwargs, ok=True)
+        except Exception:
+            _log_hook_error("async_log_success_event")
+
+    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        try:
+            record_call(self.balancer(), kwargs, ok=False)
+        except Exception:
+            _log_hook_error("async_log_failure_event")
+
+
+class RateBalancerCallback(_OutcomeRecorder):
     """Proxy callback: narrows the healthy deployments to the rate-balanced pick and records outcomes.
 
     Built with no arguments at config load; settings and store are resolved on first use from the
@@ -275,29 +296,8 @@ class RateBalancerCallback(CustomLogger):  # type: ignore[misc]
             _log_hook_error("async_filter_deployments")
             return healthy_deployments
 
-    async def async_post_call_success_deployment_hook(
-        self, request_data: dict[str, Any], response: Any, call_type: Any
-    ) -> None:
-        try:
-            finish_call(self.balancer(), request_data)
-        except Exception:
-            _log_hook_error("async_post_call_success_deployment_hook")
-        return None  # the response unchanged
 
-    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
-        try:
-            record_call(self.balancer(), kwargs, ok=True)
-        except Exception:
-            _log_hook_error("async_log_success_event")
-
-    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
-        try:
-            record_call(self.balancer(), kwargs, ok=False)
-        except Exception:
-            _log_hook_error("async_log_failure_event")
-
-
-class _StrategyRecorder(CustomLogger):  # type: ignore[misc]
+class _StrategyRecorder(_OutcomeRecorder):
     """The SDK strategy's outcome recorder (registered in ``litellm.callbacks``); it never filters."""
 
     def __init__(self, strategy: RateBalancedRouting) -> None:
@@ -308,26 +308,8 @@ class _StrategyRecorder(CustomLogger):  # type: ignore[misc]
         # Routers) would be taken for the first one's and never added.
         self.strategy_id = f"{id(strategy):x}"
 
-    async def async_post_call_success_deployment_hook(
-        self, request_data: dict[str, Any], response: Any, call_type: Any
-    ) -> None:
-        try:
-            finish_call(self._strategy.balancer(), request_data)
-        except Exception:
-            _log_hook_error("async_post_call_success_deployment_hook")
-        return None  # the response unchanged
-
-    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
-        try:
-            record_call(self._strategy.balancer(), kwargs, ok=True)
-        except Exception:
-            _log_hook_error("async_log_success_event")
-
-    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
-        try:
-            record_call(self._strategy.balancer(), kwargs, ok=False)
-        except Exception:
-            _log_hook_error("async_log_failure_event")
+    def balancer(self) -> RateBalancer:
+        return self._strategy.balancer()
 
 
 class RateBalancedRouting(CustomRoutingStrategyBase):  # type: ignore[misc]

@@ -9,9 +9,14 @@ One request's path:
    atomically. Refused: a 429 in LiteLLM's message structure with ``retry-after`` and
    ``x-ratelimit-*`` headers. Admitted: a ticket in the request metadata and headers for the response.
 2. ``async_post_call_response_headers_hook``: the admission headers on the successful response.
-3. ``async_log_success_event``: the correction to the actual usage (and a sample for the learned output
-   estimate) joins the model group's pending batch, with no store call of its own: the batch travels with
-   the next admission of that model group, or is flushed within 100 ms (:mod:`.settle_queue`).
+3. ``async_post_call_success_hook`` (a non-streaming answer, before it is sent to the client) or else
+   ``async_log_success_event`` (streams, and answers without usage until logging): the correction to the
+   actual usage (and a sample for the learned output estimate) joins the model group's pending batch, with
+   no store call of its own: the batch travels with the next admission of that model group, or is flushed
+   within 100 ms (:mod:`.settle_queue`). A cold start's corrections (reserved before anything was learned)
+   are sent at once. Correcting before the answer leaves means a client that sends one request at a time
+   is never decided against its previous request's reservation (LiteLLM runs success logging after the
+   response, in the background).
 4. ``async_post_call_failure_hook`` / ``async_log_failure_event``: give the token reservation back (and the
    request too when the failure came from a proxy hook, i.e. the provider never saw the request), queued
    the same way.
@@ -28,7 +33,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from litellm.integrations.custom_logger import CustomLogger
 
@@ -46,13 +51,13 @@ from litellm_ratebalance.admission.policy import (
     scale_limits,
 )
 from litellm_ratebalance.errors import ConfigurationError, StoreError
+from litellm_ratebalance.identity import resolve_priority
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.admission_tickets import AdmissionTicket, TicketBook
-from litellm_ratebalance.proxy.capacity import Capacity, CapacityCache
-from litellm_ratebalance.proxy.identity import resolve_priority
+from litellm_ratebalance.proxy.admission.capacity import Capacity, CapacityCache
+from litellm_ratebalance.proxy.admission.settle_queue import SettleQueue
+from litellm_ratebalance.proxy.admission.tickets import AdmissionTicket, TicketBook
 from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
-from litellm_ratebalance.proxy.settle_queue import SettleQueue
 from litellm_ratebalance.proxy.store_metrics import late_replies
 from litellm_ratebalance.proxy.tokens import actual_tokens, prompt_tokens, requested_output_tokens, usage_of
 from litellm_ratebalance.settings import Settings
@@ -61,7 +66,7 @@ from litellm_ratebalance.store.keys import escape_name
 
 __all__ = ["PriorityRateLimiter", "rate_limiter"]
 
-logger = logging.getLogger("litellm_ratebalance")
+logger = logging.getLogger("litellm_ratebalance.admission")
 
 COMPONENT = "rate_limiter"
 """The component name in metrics labels and fault logs (the callback's name in config.yaml)."""
@@ -85,8 +90,33 @@ class _Derived:
     reservations: dict[str, float | Mapping[str, object]]
     field_of: dict[str, str]
     window_ms: int
+    quantile: float | None
+    """``limiter.output_estimate_quantile``."""
     limits: dict[tuple[int | None, int | None, str | None], AdmissionLimits] = field(default_factory=dict)
     """Built limits by (model rpm, model tpm, priority)."""
+
+
+class _Decision(NamedTuple):
+    """The store's answer to one admission, the limits it was decided against, and whether this process decided
+    it alone (``fail_mode: local`` while the shared store fails)."""
+
+    result: AcquireResult
+    limits: AdmissionLimits
+    local: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What one request is to the admission policy (module doc, step 1)."""
+
+    model_group: str
+    """The model group (or wildcard route) whose capacity applies: the request is counted under it."""
+    capacity: Capacity
+    priority: str | None
+    """A configured priority, or ``None`` for the shared default pool."""
+    priority_label: str
+    limits: AdmissionLimits
+    cost: RequestCost
 
 
 class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
@@ -116,7 +146,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         self._saturation = metrics.gauge(
             "admission_saturation", "Model-group saturation seen at the last decision", ["model_group"]
         )
-        self._latency = metrics.histogram("hook_latency_seconds", "Time spent in our hooks", ["component", "hook"])
+        self._latency = metrics.hook_latency()
         self._late_replies = late_replies()
         self._estimate = metrics.gauge(
             "admission_output_estimate_tokens",
@@ -132,6 +162,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         # as the rest of the hook's own bookkeeping); bounded by model groups x configured priorities.
         self._pre_call_latency = self._latency.labels(COMPONENT, "pre_call")
         self._log_success_latency = self._latency.labels(COMPONENT, "log_success")
+        self._post_call_success_latency = self._latency.labels(COMPONENT, "post_call_success")
         self._admitted_counters: dict[tuple[str, str], Any] = {}
         self._gauges: dict[str, tuple[Any, Any, Any]] = {}
 
@@ -149,6 +180,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
                 reservations=reservations,
                 field_of={name: pool_field(name, escape_name(name)) for name in reservations},
                 window_ms=settings.ratebalance.limiter.window_seconds * 1000,
+                quantile=settings.ratebalance.limiter.output_estimate_quantile,
             )
             self._derived = derived
             self._capacity = CapacityCache(settings.ratebalance.limiter.capacity_refresh_seconds)
@@ -187,41 +219,65 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         return None
 
     async def _admit(self, user_api_key_dict: Any, data: dict[str, Any], call_type: Any = None) -> None:
-        runtime = self._runtime()
+        """One request's admission (module doc, step 1): resolve it, one store call, then refuse or note it."""
+        derived = self._config_or_unavailable()
+        request = self._request(derived, user_api_key_dict, data, call_type)
+        if request is None:
+            return  # not a model group with a limit: nothing to enforce, no store round trip at all
+        decision = await self._acquire(derived, request)
+        if decision is None:
+            return  # store fault, failing open: admitted uncounted
+        headers = self._observe(request, decision)
+        if not decision.result.admitted:
+            raise self._rejection(request, decision, headers)
+        self._count_admitted(request, decision.local)
+        self._open_ticket(data, derived, request, decision, headers)
+
+    def _config_or_unavailable(self) -> _Derived:
         try:
-            derived = self._config()
+            return self._config()
         except ConfigurationError as exc:
             logger.error("litellm_ratebalance rate_limiter: %s", exc)
             raise _litellm.service_unavailable(f"litellm_ratebalance is misconfigured: {exc}") from None
+
+    def _request(
+        self, derived: _Derived, user_api_key_dict: Any, data: dict[str, Any], call_type: Any
+    ) -> _Request | None:
+        """What the request is to the policy; ``None`` when nothing limits its model group."""
         model_group = data.get("model")
-        router = runtime.router()
+        router = self._runtime().router()
         if not isinstance(model_group, str) or router is None or self._capacity is None:
-            return
+            return None
         try:
             capacity = self._capacity.get(router, model_group)
         except Exception:  # a router we do not understand must not break requests
             logger.exception("litellm_ratebalance rate_limiter: reading model capacity failed")
-            return
+            return None
         if not capacity.limited:
-            return  # nothing to enforce: no store round trip at all
+            return None
+        priority = resolve_priority(user_api_key_dict, derived.reservations)
         # Count under the model group (or wildcard route) whose capacity applies, never under the name the
         # request made up: with a route like ``openai/*`` every name it matches shares one window and one
         # set of metric labels.
-        requested_model, model_group = model_group, capacity.model_group or model_group
-        priority = resolve_priority(user_api_key_dict, derived.reservations)
-        priority_label = priority if priority is not None else "default"
-        limits = self._limits(derived, capacity, priority)
-        limiter_settings = derived.settings.ratebalance.limiter
-        cost = _request_cost(requested_model, data, derived.settings, call_type) if capacity.tpm else RequestCost(0)
-        settles = self._settles.take(model_group)
+        return _Request(
+            model_group=capacity.model_group or model_group,
+            capacity=capacity,
+            priority=priority,
+            priority_label=priority if priority is not None else "default",
+            limits=self._limits(derived, capacity, priority),
+            cost=_request_cost(model_group, data, derived.settings, call_type) if capacity.tpm else RequestCost(0),
+        )
+
+    async def _acquire(self, derived: _Derived, request: _Request) -> _Decision | None:
+        """The shared store's decision (the pending settles of the model group ride along), or on a store fault
+        what the fail mode says: ``None`` (open: admitted uncounted), a 503 (closed), or this process's own
+        decision (local)."""
+        runtime = self._runtime()
+        model_group, limits = request.model_group, request.limits
+        settles = await self._settles.take_after_send(model_group)
         try:
             result = await runtime.store().acquire(
-                model_group,
-                limits,
-                cost,
-                derived.window_ms,
-                settles=settles,
-                quantile=limiter_settings.output_estimate_quantile,
+                model_group, limits, request.cost, derived.window_ms, settles=settles, quantile=derived.quantile
             )
         except StoreError as exc:
             if exc.late is not None:
@@ -235,69 +291,91 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
             if not runtime.faults.record(COMPONENT, exc, derived.settings):
                 raise runtime.faults.unavailable(COMPONENT) from None
             if derived.settings.ratebalance.fail_mode != "local":
-                self._admissions.labels(model_group, priority_label, "admitted", "store_error").inc()
-                return
-            # Decide in this process, against its share of the limits, until the shared store is back.
-            limits = scale_limits(limits, derived.settings.ratebalance.local_fallback_share)
-            local_settles = self._local_settles.take(model_group)
-            result = await runtime.local_store().acquire(
-                model_group,
-                limits,
-                cost,
-                derived.window_ms,
-                settles=local_settles,
-                quantile=limiter_settings.output_estimate_quantile,
-            )
-            local = True
-        else:
-            local = False
-        saturation_gauge, estimate_gauge, headroom_gauge = self._model_gauges(model_group)
+                self._admissions.labels(model_group, request.priority_label, "admitted", "store_error").inc()
+                return None
+            return await self._acquire_locally(runtime, derived, request)
+        return _Decision(result, limits, False)
+
+    async def _acquire_locally(self, runtime: Runtime, derived: _Derived, request: _Request) -> _Decision:
+        """``fail_mode: local``: decide in this process, against its share of the limits, until the shared
+        store is back."""
+        limits = scale_limits(request.limits, derived.settings.ratebalance.local_fallback_share)
+        settles = self._local_settles.take(request.model_group)
+        result = await runtime.local_store().acquire(
+            request.model_group, limits, request.cost, derived.window_ms, settles=settles, quantile=derived.quantile
+        )
+        return _Decision(result, limits, True)
+
+    def _observe(self, request: _Request, decision: _Decision) -> dict[str, str]:
+        """Set the model group's gauges from the decision; the ``x-ratelimit-*`` headers of the answer."""
+        result, limits = decision.result, decision.limits
+        saturation_gauge, estimate_gauge, headroom_gauge = self._model_gauges(request.model_group)
         saturation_gauge.set(result.saturation)
         headroom_gauge.set(result.headroom)
         if result.estimate is not None:
             estimate_gauge.set(result.estimate)
-        headers = rate_limit_headers(
+        return rate_limit_headers(
             limits=limits,
             counters=result.counters,
             strict=result.strict,
             saturation_value=result.saturation,
-            priority_label=priority_label,
+            priority_label=request.priority_label,
             now_ms=result.now_ms,
             window_end_ms=result.window_end_ms,
         )
-        if not result.admitted:
-            reason = result.reason.name.lower()
-            self._admissions.labels(
-                model_group, priority_label, "rejected", f"local_{reason}" if local else reason
-            ).inc()
-            remaining_requests, remaining_tokens = effective_remaining(result.counters, limits, result.strict)
-            message = rejection_message(
-                model=model_group,
-                priority=priority,
-                reason=result.reason,
-                rpm=capacity.rpm,
-                tpm=capacity.tpm,
-                remaining=remaining_requests if result.reason.limit_type == "requests" else remaining_tokens,
-                saturation_value=result.saturation,
-            )
-            headers["retry-after"] = str(reset_seconds(result.now_ms, result.window_end_ms))
-            headers["rate_limit_type"] = result.reason.limit_type
-            raise _litellm.rate_limit_exception(message, headers, model_group)
+
+    def _rejection(self, request: _Request, decision: _Decision, headers: dict[str, str]) -> Exception:
+        """Count a refusal; the 429 the client gets (LiteLLM's message structure, ``retry-after``)."""
+        result, limits, local = decision
+        reason = result.reason.name.lower()
+        self._admissions.labels(
+            request.model_group, request.priority_label, "rejected", f"local_{reason}" if local else reason
+        ).inc()
+        remaining_requests, remaining_tokens = effective_remaining(result.counters, limits, result.strict)
+        message = rejection_message(
+            model=request.model_group,
+            priority=request.priority,
+            reason=result.reason,
+            rpm=request.capacity.rpm,
+            tpm=request.capacity.tpm,
+            remaining=remaining_requests if result.reason.limit_type == "requests" else remaining_tokens,
+            saturation_value=result.saturation,
+        )
+        headers["retry-after"] = str(reset_seconds(result.now_ms, result.window_end_ms))
+        headers["rate_limit_type"] = result.reason.limit_type
+        return _litellm.rate_limit_exception(message, headers, request.model_group)
+
+    def _count_admitted(self, request: _Request, local: bool) -> None:
+        model_group, priority_label = request.model_group, request.priority_label
         if local:
             self._admissions.labels(model_group, priority_label, "admitted", "local").inc()
-        else:
-            admitted = self._admitted_counters.get((model_group, priority_label))
-            if admitted is None:
-                admitted = self._admitted_counters[(model_group, priority_label)] = self._admissions.labels(
-                    model_group, priority_label, "admitted", ""
-                )
-            admitted.inc()
+            return
+        admitted = self._admitted_counters.get((model_group, priority_label))
+        if admitted is None:
+            admitted = self._admitted_counters[(model_group, priority_label)] = self._admissions.labels(
+                model_group, priority_label, "admitted", ""
+            )
+        admitted.inc()
+
+    def _open_ticket(
+        self, data: dict[str, Any], derived: _Derived, request: _Request, decision: _Decision, headers: dict[str, str]
+    ) -> None:
+        """Note the admitted request's reservation (its ticket, in the request metadata with the headers)."""
+        result, limits, local = decision
+        cost = request.cost
         learn_beyond = cost.fixed if cost.output_cap is not None else None
         # Late corrections still count (carried into the current window): keep tickets past their window.
         expires_at = time.monotonic() + max(2 * derived.window_ms / 1000, _MIN_TICKET_SECONDS)
         ticket_id = self._tickets.open(
             AdmissionTicket(
-                model_group, limits.pool, result.window_start_ms, result.cost_tokens, expires_at, learn_beyond, local
+                request.model_group,
+                limits.pool,
+                result.window_start_ms,
+                result.cost_tokens,
+                expires_at,
+                learn_beyond,
+                local,
+                on_prior=cost.output_cap is not None and result.estimate is None,
             )
         )
         metadata = data.get("metadata")
@@ -326,6 +404,17 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
     ) -> dict[str, str] | None:
         return stored_headers(find_entry(data, TICKET_KEY)) if response is not None else None
 
+    async def async_post_call_success_hook(self, data: dict[str, Any], user_api_key_dict: Any, response: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            # Only an answer that carries its usage: otherwise success logging corrects it (module doc, 3).
+            await self._reconcile(data, response, only_with_usage=True)
+        except Exception:  # never break an answer on its way out; success logging still has the ticket then
+            logger.exception("litellm_ratebalance rate_limiter: correcting a reservation failed")
+        finally:
+            self._post_call_success_latency.observe(time.perf_counter() - started)
+        return None
+
     async def async_log_success_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
@@ -335,21 +424,28 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         finally:
             self._log_success_latency.observe(time.perf_counter() - started)
 
-    async def _reconcile(self, kwargs: dict[str, Any], response_obj: Any) -> None:
+    async def _reconcile(self, kwargs: dict[str, Any], response_obj: Any, *, only_with_usage: bool = False) -> None:
         entry = find_entry(kwargs, TICKET_KEY)
         if entry is None:
             return
-        ticket = self._tickets.close(str(entry.get("id")))
-        if ticket is None:
-            return
+        ticket_id = str(entry.get("id"))
+        if self._tickets.get(ticket_id) is None:
+            return  # corrected already (or unknown)
         derived = self._config()
         used = actual_tokens(usage_of(kwargs, response_obj), derived.settings.effective_token_type)
+        if used is None and only_with_usage:
+            return
+        ticket = self._tickets.close(ticket_id)
+        if ticket is None:
+            return
         if used is None:
             return  # no usage reported (e.g. some streams): the reservation stands as the estimate
         batch = self._queue_of(ticket).batch(ticket.model_group)
         batch.add(ticket.window_start_ms, ticket.pool, used - ticket.held_tokens)
         if ticket.learn_beyond is not None:
             batch.learn(used - ticket.learn_beyond)
+        if ticket.on_prior:  # a cold start's correction: the other replicas must see it now (settle_queue)
+            await self._queue_of(ticket).send_now(ticket.model_group)
 
     async def async_log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
@@ -397,15 +493,15 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
         self._queue_of(ticket).batch(ticket.model_group).add(
             ticket.window_start_ms, ticket.pool, -ticket.held_tokens, -1 if give_request_back else 0
         )
+        if ticket.on_prior:
+            await self._queue_of(ticket).send_now(ticket.model_group)
 
     async def _flush(self, model_group: str, batch: SettleBatch) -> bool:
         """Send one model group's pending settles (the settle queue's timer); ``False`` if not sent."""
         runtime = self._runtime()
         derived = self._config()
         try:
-            await runtime.store().flush(
-                model_group, batch, quantile=derived.settings.ratebalance.limiter.output_estimate_quantile
-            )
+            await runtime.store().flush(model_group, batch, quantile=derived.quantile)
         except StoreError as exc:
             # Post-call: nothing to refuse any more; the batch waits for the next admission of its model
             # group (unless the call timed out and may still apply it), and the fail mode only decides
@@ -434,8 +530,7 @@ class PriorityRateLimiter(CustomLogger):  # type: ignore[misc]
 
     async def _flush_local(self, model_group: str, batch: SettleBatch) -> bool:
         """Apply one model group's pending settles of ``fail_mode: local`` admissions to the local store."""
-        quantile = self._config().settings.ratebalance.limiter.output_estimate_quantile
-        await self._runtime().local_store().flush(model_group, batch, quantile=quantile)
+        await self._runtime().local_store().flush(model_group, batch, quantile=self._config().quantile)
         return True
 
     async def flush_settles(self) -> None:

@@ -1,4 +1,6 @@
-"""Who is asking: priority (and its trust rules) from LiteLLM's ``UserAPIKeyAuth``.
+"""Who is asking: priority (and its trust rules) from LiteLLM's ``UserAPIKeyAuth``; the one copy of the rule
+that admission, backpressure, routing's backpressure gate and cost's labels apply. Pure: reads attributes of
+the object it is given, imports nothing of LiteLLM.
 
 Trust boundary: priority comes only from admin-set metadata, team first, then key, never from the
 request body or headers (a client could write anything there). A value that is not a string, or not a

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from litellm_ratebalance.identity import metadata_value, resolve_priority
 from litellm_ratebalance.overload.limits import per_token_rtt
 from litellm_ratebalance.proxy import _litellm
-from litellm_ratebalance.proxy.backpressure_book import Context, DeploymentState, Lease, Profile
-from litellm_ratebalance.proxy.backpressure_metrics import count_drop
-from litellm_ratebalance.proxy.identity import metadata_value, resolve_priority
+from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState, Lease, Profile
+from litellm_ratebalance.proxy.backpressure.metrics import count_drop
 from litellm_ratebalance.proxy.tokens import prompt_tokens, requested_output_tokens
 
 __all__ = ["is_drop", "learn", "profile_of"]

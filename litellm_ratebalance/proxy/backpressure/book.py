@@ -7,9 +7,10 @@ and the pure decision for one request against one deployment.
 * :class:`Context`: everything bound to one event loop and one settings object, with the lease book
   (leases by LiteLLM call id) and :meth:`Context.decide`, which feeds the pure policy
   (:func:`~litellm_ratebalance.overload.shedding.decide`) with this process's view;
-* :data:`PROCESS`: the one live context of this process.
+* :class:`BackpressureProcess`: the one live context of this process, kept in the runtime's registry, where
+  routing consults it as the deployment gate.
 
-Nothing here does I/O: the store calls live in :mod:`.backpressure_admit` and :mod:`.backpressure_maintain`.
+Nothing here does I/O: the store calls live in :mod:`.admit` and :mod:`.maintain`.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from litellm_ratebalance.overload.output import OutputEstimate
 from litellm_ratebalance.overload.prompt import PromptScale
 from litellm_ratebalance.overload.queue import FairQueue
 from litellm_ratebalance.overload.reserve import TopDemand
-from litellm_ratebalance.overload.shedding import Tiers, Verdict, decide
-from litellm_ratebalance.overload.signals import SignalBoard, held_at_scrape, server_signals
+from litellm_ratebalance.overload.servers import PREALLOCATING
+from litellm_ratebalance.overload.shedding import DeploymentLoad, Tiers, TierThresholds, Verdict, decide
+from litellm_ratebalance.overload.signals import SignalBoard, SignalUpkeep, held_at_scrape, server_signals
 
-__all__ = ["PROCESS", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
+__all__ = ["BackpressureProcess", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
 
 logger = logging.getLogger("litellm_ratebalance.backpressure")
 
@@ -90,6 +92,7 @@ class DeploymentState:
         "queue",
         "reserved_tokens",
         "scraped_at",
+        "signals",
         "top_inflight",
         "typical_cost",
         "wake",
@@ -132,6 +135,8 @@ class DeploymentState:
         """When the last good metrics scrape of this deployment answered (monotonic seconds)."""
         self.freed_tokens = 0.0
         """KV-cache tokens that requests of this process finished since that scrape held in its reading."""
+        self.signals = SignalUpkeep()
+        """The GPU memory floor of its server, the signal report's and the preemption log's bookkeeping."""
 
     def scraped(self, now: float) -> None:
         """A metrics scrape answered at ``now``: the memory freed before it is in its reading."""
@@ -178,6 +183,10 @@ class Context:
     last_renew: float = -math.inf
     owner: Any = None
     """The callback instance whose hooks built this context (its probe, fetcher and clock are used)."""
+    thresholds: TierThresholds = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.thresholds = TierThresholds(len(self.tiers), self.settings.shed_threshold, self.settings.hard_threshold)
 
     def deployment(self, model_info: Any, model_group: str) -> DeploymentState | None:
         """The state of the deployment ``model_info`` describes, created on first sight; ``None`` when it is
@@ -236,14 +245,23 @@ class Context:
         )
         return state.prompt_scale.apply(profile.prompt_tokens) + output
 
+    def kv_capacity(self, state: DeploymentState) -> int | None:
+        """The deployment's KV-cache capacity in tokens: ``kv_cache_tokens`` where set, else what its server
+        exports (``None``: neither; the token-aware check is then off)."""
+        configured = state.config.kv_cache_tokens
+        return configured if configured is not None else self.board.capacity(state.deployment_id)
+
     def server_signals(self, state: DeploymentState) -> dict[str, float]:
         now = self.clock()
         stale = self.settings.signals.stale_after_seconds
         config = state.config
+        gpu = self.board.gpus(config.gpu_indices, now, stale) if self.settings.signals.nvml else None
+        if gpu is not None and self.board.server(config.deployment_id) in PREALLOCATING:
+            gpu = state.signals.idle_memory.above_idle(gpu)  # its memory is reserved up front (see IdleMemory)
         return server_signals(
             self.board.metrics(config.deployment_id, now, stale),
-            self.board.gpus(config.gpu_indices, now, stale) if self.settings.signals.nvml else None,
-            kv_cache_tokens=config.kv_cache_tokens,
+            gpu,
+            kv_cache_tokens=self.kv_capacity(state),
             server_queue_limit=config.server_queue_limit,
             gpu_utilization=self.settings.signals.gpu_utilization,
             freed_tokens=state.freed_tokens,
@@ -252,23 +270,18 @@ class Context:
     def decide(self, state: DeploymentState, profile: Profile, *, queued: bool = False) -> Verdict:
         """The policy's verdict for ``profile`` on ``state`` now. ``queued``: the request is the head of the
         queue (the requests waiting there are not ahead of it)."""
-        settings = self.settings
-        return decide(
-            rank=profile.rank,
-            n_tiers=len(self.tiers),
-            shed_threshold=settings.shed_threshold,
-            hard_threshold=settings.hard_threshold,
+        load = DeploymentLoad(
             server_signals=self.server_signals(state),
             inflight=state.inflight,
             limit=state.limit.limit,
-            cost_tokens=self.cost(state, profile),
             reserved_tokens=state.reserved_tokens,
-            kv_cache_tokens=state.config.kv_cache_tokens,
+            kv_cache_tokens=self.kv_capacity(state),
             waiting_rank=None if queued else state.queue.top_rank(),
             headroom_tokens=math.ceil(state.typical_cost),
             top_reserve=self.top_reserve(state),
             top_inflight=state.top_inflight,
         )
+        return decide(self.thresholds, profile.rank, self.cost(state, profile), load)
 
     def top_reserve(self, state: DeploymentState) -> int:
         """Slots the tiers below the highest leave free for it on ``state`` now (see ``overload/reserve.py``);
@@ -285,15 +298,46 @@ class Context:
         return len(state.queue) + int(waiting)
 
 
-class _Process:
-    """The one live context of this process.
+class BackpressureProcess:
+    """The one live context of this process, and the deployment gate routing consults (a
+    :class:`~litellm_ratebalance.proxy.runtime.DeploymentGate`).
 
     Process-wide rather than per instance because LiteLLM keeps a single logger per class for its success /
     failure events (``logging_callback_manager`` refuses a second instance of the same class): events may
-    reach another instance than the one whose hooks took the leases, so both must see the same state.
+    reach another instance than the one whose hooks took the leases, so both must see the same state. It lives
+    in the runtime's registry (:func:`~litellm_ratebalance.proxy.backpressure.callback.process_of`).
     """
 
-    ctx: Context | None = None
+    __slots__ = ("ctx",)
 
+    def __init__(self) -> None:
+        self.ctx: Context | None = None
 
-PROCESS = _Process()
+    def gates_deployments(self) -> bool:
+        """Whether :meth:`deployment_available` can say False for any deployment now (backpressure on, with
+        deployments configured); lets the routing hook skip asking per deployment."""
+        ctx = self.ctx
+        return ctx is not None and ctx.settings.enabled and bool(ctx.deployments)
+
+    def deployment_available(self, deployment_id: str, priority: str | None = None) -> bool:
+        """Whether a request of ``priority`` would be admitted by this deployment now (for routing
+        strategies that want to skip deployments at their limit or shedding without calling the filter).
+        Unknown deployments, and everything when backpressure is off, count as available."""
+        ctx = self.ctx
+        if ctx is None or not ctx.settings.enabled:
+            return True
+        state = ctx.deployments.get(deployment_id)
+        if state is None:
+            return True
+        rank = ctx.tiers.rank(priority if priority in ctx.tiers else None)
+        profile = Profile(ctx.tiers.name(rank), rank, 0, 0, "anonymous", 1.0)
+        return ctx.decide(state, profile).admitted
+
+    def stop(self) -> None:
+        """Cancel the context's background tasks (its runtime is being replaced; tests) and forget it."""
+        ctx, self.ctx = self.ctx, None
+        if ctx is None or ctx.loop.is_closed():
+            return
+        for task in [ctx.maintenance, *(s.dispatcher for s in ctx.deployments.values())]:
+            if task is not None and not task.done():
+                task.cancel()

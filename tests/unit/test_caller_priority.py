@@ -1,4 +1,4 @@
-"""Who is asking: the priority of a caller from admin-set team and key metadata (proxy/identity.py)."""
+"""Who is asking: the priority of a caller from admin-set team and key metadata (litellm_ratebalance/identity.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from litellm.proxy._types import UserAPIKeyAuth
 
-from litellm_ratebalance.proxy.identity import metadata_value, resolve_priority
+from litellm_ratebalance.identity import metadata_value, resolve_priority
 
 CONFIGURED = frozenset({"prod", "dev"})
 
