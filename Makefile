@@ -150,7 +150,7 @@ bench-bursts: $(STAMP) redis-server
 	PYTHONPATH=. $(PY) bench/bench_bursts.py
 bench-routing: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_routing.py --seeds 1 2 3 4 5 6 7 8 --duration 12 --no-proxy \
-	  --strategies ours least-busy latency-based-routing simple-shuffle usage-based-routing-v2 ours-litellm
+	  --strategies ours least-busy latency-based-routing simple-shuffle usage-based-routing-v2 oracle
 bench-backpressure: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_backpressure.py --seed 7
 bench-cost: $(STAMP)

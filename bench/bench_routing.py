@@ -14,9 +14,10 @@ scenario can also run through the real ``litellm`` proxy process (``litellm_sett
 
 Usage::
 
-    # the per-seed table (8 seeds x 6 scenarios, 12 s runs, no proxy; ~35 minutes on 2 busy cores)
+    # the targets' table (8 seeds x 7 scenarios, 12 s runs, no proxy; ~35 minutes on 2 busy cores;
+    # `make bench-routing` without --write)
     python bench/bench_routing.py --seeds 1 2 3 4 5 6 7 8 --duration 12 --no-proxy \
-        --strategies ours least-busy latency-based-routing simple-shuffle usage-based-routing-v2 ours-litellm --write
+        --strategies ours least-busy latency-based-routing simple-shuffle usage-based-routing-v2 oracle --write
     python bench/bench_routing.py --quick    # smoke run: 2 s per run
     python bench/bench_routing.py --duration 9 --write --results-name routing_9s   # own file
     python bench/bench_routing.py --ours selection='"random"'   # one of ours' settings overridden (JSON)

@@ -121,6 +121,18 @@ def trace(scenario: Any, ours: Any, oracle: Any, bins: int, duration: float) -> 
     return lines
 
 
+class _BenchUnpickler(pickle.Unpickler):
+    """Reads a dump written by ``bench_routing.py`` run as a script, whose record classes were pickled as
+    ``__main__``'s: they are looked up in that module instead."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "__main__":
+            import bench_routing
+
+            return getattr(bench_routing, name)
+        return super().find_class(module, name)
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dump")
@@ -129,7 +141,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--bins", type=int, default=12)
     parser.add_argument("--seeds", type=int, nargs="*", default=None)
     args = parser.parse_args(argv)
-    data = pickle.loads(Path(args.dump).read_bytes())
+    with Path(args.dump).open("rb") as dump:
+        data = _BenchUnpickler(dump).load()
     duration = data["duration"]
     for seed, runs_by in data["by_seed"].items():
         if args.seeds and seed not in args.seeds:
