@@ -21,7 +21,7 @@ from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.settings import Settings, load_settings
 from litellm_ratebalance.store import KeySpace, MemoryStore, RedisStore, Store
 
-__all__ = ["FaultPolicy", "Runtime", "configure", "get_runtime", "reset_runtime"]
+__all__ = ["FaultPolicy", "LiteLLMRedisClient", "Runtime", "configure", "get_runtime", "reset_runtime"]
 
 logger = logging.getLogger("litellm_ratebalance")
 
@@ -64,6 +64,36 @@ class FaultPolicy:
             "'closed'; retry shortly",
             {"retry-after": "1"},
         )
+
+
+class LiteLLMRedisClient:
+    """The async client of the proxy's own Redis (a LiteLLM ``RedisCache``), for the store to ask for at each call.
+
+    LiteLLM keeps that client in an expiring cache per event loop and may replace it, so it is never held for
+    long; but asking LiteLLM hashes the cache's whole configuration every time, which costs about a fifth of a
+    store call. So the client is asked for again at most every ``refresh_seconds`` (and on another event loop).
+    """
+
+    __slots__ = ("_cache", "_client", "_clock", "_loop", "_refresh_seconds", "_until")
+
+    def __init__(self, cache: Any, refresh_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._cache = cache
+        self._refresh_seconds = refresh_seconds
+        self._clock = clock
+        self._client: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._until = 0.0
+
+    def __call__(self) -> Any:
+        now = self._clock()
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if self._client is None or now >= self._until or loop is not self._loop:
+            self._client = self._cache.init_async_client()
+            self._loop, self._until = loop, now + self._refresh_seconds
+        return self._client
 
 
 class Runtime:
@@ -128,7 +158,7 @@ class Runtime:
             # LiteLLM's own client keeps the auth, TLS, database and cluster settings of its Redis config;
             # the store's gate never lets more calls in flight than that client's pool (per node) allows.
             return RedisStore(
-                cache.init_async_client,
+                LiteLLMRedisClient(cache),
                 keys,
                 timeout_seconds=settings.ratebalance.store_timeout_seconds,
                 cooldown_seconds=settings.ratebalance.store_retry_after_seconds,
