@@ -34,11 +34,16 @@ work on the machine than requests/s) and the load average before and after.
 ``litellm_ratebalance`` from DIR (another checkout, e.g. ``git archive <commit> | tar -x -C DIR``), measured in the
 same rounds: a before/after comparison under the same machine state.
 
+``--profile SECONDS`` then samples each proxy with our callbacks for that long with py-spy (100 Hz, not pausing
+it) under the same load and prints the share of its busy samples inside our hooks, per hook: where the cost is,
+and a figure that other work on the machine disturbs much less than requests/s (a proportion of the proxy's own
+samples). Needs ``pip install py-spy`` and permission to trace the proxy (same user).
+
 Usage::
 
     python bench/bench_proxy_overhead.py                 # about 6 minutes on 2 cores
     python bench/bench_proxy_overhead.py --rounds 7 --seconds 20
-    python bench/bench_proxy_overhead.py --configs bare,contracts --compare-tree /tmp/rb-before
+    python bench/bench_proxy_overhead.py --configs bare,contracts --compare-tree /tmp/rb-before --profile 30
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # importing litellm must not go to the network
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -432,6 +439,113 @@ def configurations(args: argparse.Namespace) -> tuple[list[str], dict[str, Path]
     return names, trees
 
 
+async def measure_rounds(
+    proxies: dict[str, Proxy], names: list[str], bodies: list[dict[str, Any]], args: argparse.Namespace
+) -> list[Measurement] | None:
+    """The warm-up pass, then ``args.rounds`` rounds over every configuration; None if a proxy serves nothing."""
+    if args.pause_idle:
+        for proxy in proxies.values():
+            proxy.pause()
+    for proxy in proxies.values():  # warm-up pass (first requests import and build lazily)
+        warm = argparse.Namespace(**{**vars(args), "warmup": 0.0, "seconds": args.first_warmup})
+        first = await measure(proxy, bodies, warm, -1, args.pause_idle)
+        if first.ok == 0:
+            print(f"{proxy.name}: no request succeeded ({dict(first.failed)}); log tail:")
+            print(proxy.process.log_tail())
+            return None
+    print(f"load average before: {loadavg()}")
+    results = []
+    for round_ in range(args.rounds):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            m = await measure(proxies[name], bodies, args, round_, args.pause_idle)
+            results.append(m)
+            extra = f", failed {dict(m.failed)}" if m.failed else ""
+            print(
+                f"round {round_ + 1} {name:<34} {m.rps:7.1f} req/s  {m.cpu_ms_per_request:5.2f} CPU ms/request{extra}",
+                flush=True,
+            )
+    print(f"load average after: {loadavg()}")
+    return results
+
+
+# -- where the time goes: py-spy on a proxy under the same load --------------------------------------------------------
+def py_spy() -> str | None:
+    candidate = Path(sys.executable).with_name("py-spy")
+    return str(candidate) if candidate.exists() else shutil.which("py-spy")
+
+
+COMPONENT_FILES = (
+    ("limiter", ("proxy/limiter.py", "proxy/admission_tickets.py", "proxy/settle_queue.py", "proxy/capacity.py")),
+    ("contracts", ("proxy/contracts.py", "proxy/contract_settles.py")),
+    ("balancer", ("proxy/routing", "routing/")),
+    ("backpressure", ("proxy/backpressure", "overload/")),
+    ("cost", ("proxy/cost.py", "attribution/")),
+    ("store", ("store/",)),  # a store call whose caller py-spy did not see (a resumed coroutine)
+)
+
+
+def component_of(frame: str) -> str:
+    """Our component a py-spy frame (``function (path:line)``) belongs to; its file otherwise."""
+    path = frame.rsplit("litellm_ratebalance/", 1)[-1].split(":", 1)[0]
+    for component, prefixes in COMPONENT_FILES:
+        if path.startswith(prefixes):
+            return component
+    return path
+
+
+def our_share(raw: str) -> tuple[int, Counter[str]]:
+    """From py-spy's raw (collapsed) stacks: the busy samples of the proxy's event loop and worker threads (idle
+    thread-pool workers left out) and, per component, the samples inside our package, by the outermost frame of
+    ours (the bench's auth module, the demo's, is not one of our callbacks and is left out)."""
+    busy = 0
+    ours: Counter[str] = Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not stack or frames[-1].startswith("_worker (concurrent/futures/thread.py"):
+            continue
+        busy += int(count)
+        for frame in frames:
+            if "litellm_ratebalance/" in frame and "litellm_ratebalance/demo/" not in frame:
+                ours[component_of(frame)] += int(count)
+                break
+    return busy, ours
+
+
+async def profile(proxy: Proxy, bodies: list[dict[str, Any]], args: argparse.Namespace, workdir: Path) -> str:
+    """``args.profile`` seconds of py-spy (100 Hz, without pausing the proxy) under the bench's load; one line."""
+    binary = py_spy()
+    if binary is None:
+        return f"{proxy.name}: py-spy not found (pip install py-spy)"
+    out = workdir / f"py-spy-{proxy.pid}.txt"
+    if args.pause_idle:
+        proxy.resume()
+    try:
+        load = asyncio.create_task(
+            closed_loop(proxy.process.base_url, bodies, args.clients, 0.0, args.profile + 2.0, proxy.pid)
+        )
+        await asyncio.sleep(1.0)
+        command = [binary, "record", "--nonblocking", "-r", "100", "-d", str(int(args.profile)), "-f", "raw"]
+        spy = await asyncio.create_subprocess_exec(
+            *command, "-o", str(out), "-p", str(proxy.pid), stdout=asyncio.subprocess.DEVNULL
+        )
+        await spy.wait()
+        await load
+        await asyncio.sleep(1.0)
+    finally:
+        if args.pause_idle:
+            proxy.pause()
+    try:
+        busy, ours = our_share(out.read_text())
+    except OSError:
+        return f"{proxy.name}: py-spy wrote nothing (ptrace not permitted?)"
+    if not busy:
+        return f"{proxy.name}: no samples"
+    parts = ", ".join(f"{name} {100 * n / busy:.2f}%" for name, n in ours.most_common())
+    return f"{proxy.name}: ours {100 * sum(ours.values()) / busy:.2f}% of {busy} busy samples ({parts})"
+
+
 async def run(args: argparse.Namespace, names: list[str], trees: dict[str, Path]) -> int:
     bodies = request_bodies(args.seed)
     specs = [
@@ -441,7 +555,6 @@ async def run(args: argparse.Namespace, names: list[str], trees: dict[str, Path]
     print(f"configurations: {', '.join(names)}")
     print(f"{args.clients} closed-loop clients, {args.rounds} rounds of {args.warmup:g} s warm-up + {args.seconds:g} s")
     workdir = Path(tempfile.mkdtemp(prefix="ratebalance-bench-overhead-"))
-    results: list[Measurement] = []
     try:
         with LocalRedis() as redis_server:
             async with MockClusterProcess(specs) as cluster:
@@ -451,30 +564,14 @@ async def run(args: argparse.Namespace, names: list[str], trees: dict[str, Path]
                 )
                 print(f"{len(proxies)} proxies live after {time.monotonic() - started:.0f} s")
                 try:
-                    if args.pause_idle:
-                        for proxy in proxies.values():
-                            proxy.pause()
-                    for proxy in proxies.values():  # warm-up pass (first requests import and build lazily)
-                        warm = argparse.Namespace(**{**vars(args), "warmup": 0.0, "seconds": args.first_warmup})
-                        first = await measure(proxy, bodies, warm, -1, args.pause_idle)
-                        if first.ok == 0:
-                            print(f"{proxy.name}: no request succeeded ({dict(first.failed)}); log tail:")
-                            print(proxy.process.log_tail())
-                            return 1
-                    print(f"load average before: {loadavg()}")
-                    for round_ in range(args.rounds):
-                        shift = round_ % len(names)
-                        order = names[shift:] + names[:shift]
-                        for name in order:
-                            m = await measure(proxies[name], bodies, args, round_, args.pause_idle)
-                            results.append(m)
-                            extra = f", failed {dict(m.failed)}" if m.failed else ""
-                            print(
-                                f"round {round_ + 1} {name:<34} {m.rps:7.1f} req/s  "
-                                f"{m.cpu_ms_per_request:5.2f} CPU ms/request{extra}",
-                                flush=True,
-                            )
-                    print(f"load average after: {loadavg()}")
+                    results = await measure_rounds(proxies, names, bodies, args)
+                    if results is None:
+                        return 1
+                    profiles = []
+                    if args.profile > 0:
+                        for name in names:
+                            if name.split(" @", 1)[0] in OURS:
+                                profiles.append(await profile(proxies[name], bodies, args, workdir))
                     for line in log_problems(proxies):
                         print(f"warning: {line}")
                 finally:
@@ -483,6 +580,9 @@ async def run(args: argparse.Namespace, names: list[str], trees: dict[str, Path]
         shutil.rmtree(workdir, ignore_errors=True)
     print()
     print("\n".join(summarise(names, results)))
+    if profiles:
+        print(f"\nShare of the proxy's busy samples inside our callbacks (py-spy, {args.profile:g} s each, same load):")
+        print("\n".join(profiles))
     return 0
 
 
@@ -502,6 +602,13 @@ def main(argv: Sequence[str]) -> int:
         dest="pause_idle",
         action="store_false",
         help="leave the proxies not being measured running (default: stopped with SIGSTOP until their turn)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=float,
+        default=0.0,
+        help="after the rounds, this many seconds of py-spy on each proxy with our callbacks, under the same load: "
+        "the share of its busy samples inside our hooks (needs py-spy: pip install py-spy)",
     )
     args = parser.parse_args(argv)
     names, trees = configurations(args)
