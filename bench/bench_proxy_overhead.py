@@ -497,15 +497,18 @@ def component_of(frame: str) -> str:
 
 
 LITELLM_V3_FILE = "litellm/proxy/hooks/dynamic_rate_limiter_v3.py"
+WHAT_INSIDE = (("token counting", "litellm_ratebalance/proxy/tokens.py"), ("store calls", "litellm_ratebalance/store/"))
+"""Work inside our callbacks counted apart as well, by a frame anywhere on the stack."""
 
 
-def callback_share(raw: str) -> tuple[int, Counter[str]]:
+def callback_share(raw: str) -> tuple[int, Counter[str], Counter[str]]:
     """From py-spy's raw (collapsed) stacks: the busy samples of the proxy's event loop and worker threads (idle
-    thread-pool workers left out) and, per component, the samples inside our package, by the outermost frame of
-    ours (the bench's auth module, the demo's, is not one of our callbacks and is left out), or inside LiteLLM's
-    ``dynamic_rate_limiter_v3`` hook (``litellm-v3``)."""
+    thread-pool workers left out); per component, the samples inside our package, by the outermost frame of ours
+    (the bench's auth module, the demo's, is not one of our callbacks and is left out), or inside LiteLLM's
+    ``dynamic_rate_limiter_v3`` hook (``litellm-v3``); and of ours, those in :data:`WHAT_INSIDE`."""
     busy = 0
     shares: Counter[str] = Counter()
+    inside: Counter[str] = Counter()
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
@@ -515,11 +518,14 @@ def callback_share(raw: str) -> tuple[int, Counter[str]]:
         for frame in frames:
             if "litellm_ratebalance/" in frame and "litellm_ratebalance/demo/" not in frame:
                 shares[component_of(frame)] += int(count)
+                for what, path in WHAT_INSIDE:
+                    if path in stack:
+                        inside[what] += int(count)
                 break
             if LITELLM_V3_FILE in frame:
                 shares["litellm-v3"] += int(count)
                 break
-    return busy, shares
+    return busy, shares, inside
 
 
 async def profile(proxy: Proxy, bodies: list[dict[str, Any]], args: argparse.Namespace, workdir: Path) -> str:
@@ -546,13 +552,16 @@ async def profile(proxy: Proxy, bodies: list[dict[str, Any]], args: argparse.Nam
         if args.pause_idle:
             proxy.pause()
     try:
-        busy, shares = callback_share(out.read_text())
+        busy, shares, inside = callback_share(out.read_text())
     except OSError:
         return f"{proxy.name}: py-spy wrote nothing (ptrace not permitted?)"
     if not busy:
         return f"{proxy.name}: no samples"
     parts = ", ".join(f"{name} {100 * n / busy:.2f}%" for name, n in shares.most_common())
-    return f"{proxy.name}: callbacks {100 * sum(shares.values()) / busy:.2f}% of {busy} busy samples ({parts})"
+    of_which = "".join(f"; of ours, {what} {100 * n / busy:.2f}%" for what, n in inside.items())
+    return (
+        f"{proxy.name}: callbacks {100 * sum(shares.values()) / busy:.2f}% of {busy} busy samples ({parts}{of_which})"
+    )
 
 
 async def run(args: argparse.Namespace, names: list[str], trees: dict[str, Path]) -> int:
