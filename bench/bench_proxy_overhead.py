@@ -512,8 +512,8 @@ def callback_share(raw: str) -> tuple[int, Counter[str], Counter[str]]:
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
-        if not stack or frames[-1].startswith("_worker (concurrent/futures/thread.py"):
-            continue
+        if not stack or not count.isdigit() or frames[-1].startswith("_worker (concurrent/futures/thread.py"):
+            continue  # (a frame name py-spy printed over two lines has no count of its own)
         busy += int(count)
         for frame in frames:
             if "litellm_ratebalance/" in frame and "litellm_ratebalance/demo/" not in frame:
@@ -555,6 +555,8 @@ async def profile(proxy: Proxy, bodies: list[dict[str, Any]], args: argparse.Nam
         busy, shares, inside = callback_share(out.read_text())
     except OSError:
         return f"{proxy.name}: py-spy wrote nothing (ptrace not permitted?)"
+    except ValueError as exc:  # an output format this parser does not know: say so, keep the run's table
+        return f"{proxy.name}: py-spy output not understood ({exc})"
     if not busy:
         return f"{proxy.name}: no samples"
     parts = ", ".join(f"{name} {100 * n / busy:.2f}%" for name, n in shares.most_common())
@@ -585,22 +587,21 @@ async def run(args: argparse.Namespace, names: list[str], trees: dict[str, Path]
                     results = await measure_rounds(proxies, names, bodies, args)
                     if results is None:
                         return 1
-                    profiles = []
+                    print()
+                    print("\n".join(summarise(names, results)), flush=True)
                     if args.profile > 0:
+                        print(
+                            f"\nShare of each proxy's busy samples in the callbacks (py-spy, {args.profile:g} s each):"
+                        )
                         for name in names:
                             if name.split(" @", 1)[0] != "bare":
-                                profiles.append(await profile(proxies[name], bodies, args, workdir))
+                                print(await profile(proxies[name], bodies, args, workdir), flush=True)
                     for line in log_problems(proxies):
                         print(f"warning: {line}")
                 finally:
                     await asyncio.to_thread(stop_proxies, proxies)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print()
-    print("\n".join(summarise(names, results)))
-    if profiles:
-        print(f"\nShare of the proxy's busy samples inside the callbacks (py-spy, {args.profile:g} s each, same load):")
-        print("\n".join(profiles))
     return 0
 
 
