@@ -600,6 +600,20 @@ async def run_open_loop_http(replicas: Replicas, group: str, jobs: Sequence[Job]
     return list(await asyncio.gather(*tasks))
 
 
+def beyond_decode(results: Sequence[Result], step_seconds: float) -> tuple[float, float, float]:
+    """The top tier's served requests: time beyond their decode at the unloaded step (``tokens x step``),
+    which is waiting (in the layer's queue, or in the server's) plus prefill and the proxy's own time: (mean,
+    p95, share above 0.5 s). Where the top tier's latency goes."""
+    extra = [
+        (r.ended - r.started) - r.output_tokens * step_seconds
+        for r in results
+        if r.job.priority == "high" and r.status == 200 and r.output_tokens
+    ]
+    if not extra:
+        return float("nan"), float("nan"), float("nan")
+    return statistics.fmean(extra), p95(extra), sum(1 for e in extra if e > 0.5) / len(extra)
+
+
 async def run_replicas(profile: Profile, args: Any) -> tuple[dict[str, Any], list[tuple[str, bool]]]:
     """``--replicas N``: the overload through ``N`` real proxies sharing one redis-server (see
     ``bench/backpressure_replicas.py``), with all tiers (``mixed``) and with the top tier's requests alone."""
@@ -629,6 +643,7 @@ async def run_replicas(profile: Profile, args: Any) -> tuple[dict[str, Any], lis
                 watcher.cancel()
                 fill = statistics.fmean(fills) if fills else 0.0
                 summaries[mode] = summarise(results, args.seconds, (await server.stats()).oom_failures, fill)
+                summaries[mode]["high_wait"] = beyond_decode(results, spec.step_seconds)
             logs = replicas.logs()
     overflow_lines = sum(text.count("for want of GPU / KV-cache memory") for text in logs)
     mixed, alone = summaries["learned"], summaries["top_alone"]
@@ -660,6 +675,10 @@ async def run_replicas(profile: Profile, args: Any) -> tuple[dict[str, Any], lis
     print(f"{'high: p95 per token':30}{p95s[0]:>18}{p95s[1]:>18}")
     print(f"{'goodput / best closed loop':30}{mixed['goodput'] / best:>18.0%}{alone['goodput'] / best:>18.0%}")
     print(f"{'mean KV-cache fill':30}{mixed['cache_fill']:>18.0%}{alone['cache_fill']:>18.0%}")
+    waits = [s["high_wait"] for s in (mixed, alone)]
+    print(f"{'high: time beyond decode, mean':30}{waits[0][0]:>17.2f}s{waits[1][0]:>17.2f}s")
+    print(f"{'high: time beyond decode, p95':30}{waits[0][1]:>17.2f}s{waits[1][1]:>17.2f}s")
+    print(f"{'high: share beyond decode > 0.5s':30}{waits[0][2]:>18.0%}{waits[1][2]:>18.0%}")
     print(f"refusal reasons (all tiers): {mixed['reasons']}; overflow log lines in the proxies: {overflow_lines}")
     name = f"{profile.name} x{args.replicas}"
     checks = [
