@@ -20,7 +20,8 @@ Parts (each prints ``<part> <decisions> <sha256>``):
   reservation, the top tier's slot reserve, priority shedding (``shedding.decide``), the fair queue for the
   top tier, the store's leases (another replica takes a quarter of the leases behind this one's back, so the
   store refuses some that the local view admits: ``store_refusal``), retry-after and advice. Logged: every
-  verdict, lease, limit update, queue event. Plus ``decide`` on 3,000 random inputs.
+  verdict, lease, limit update, queue event. Plus ``decide`` on 4,000 random inputs, half of them on a
+  slot or token-cap boundary.
 * ``cost``: the GPU-second shares the lease marks charge (``MeterStart``/``MeterEnd`` on the same loop) and
   the priority/team labels of 500 random callers (the priority trust rule).
 * ``admission``: ``MemoryStore.acquire`` / ``flush`` / ``admission_snapshot`` over two model groups and ten
@@ -519,30 +520,48 @@ def replay_backpressure(rec: Recorder, cost_rec: Recorder, seed: int, steps: int
     finally:
         loop.close()
 
-    # The policy alone, on random inputs.
+    # The policy alone, on random inputs; every other one on a boundary (the request's tokens exactly filling
+    # the tier's token cap, or its slot the last one, give or take one), where an off-by-one shows.
     prng = random.Random(seed * 1_000 + 3)
-    for i in range(3_000):
+    for i in range(4_000):
         n_tiers = prng.randint(1, 4)
+        rank = prng.randrange(n_tiers)
         shed = prng.uniform(0.5, 0.95)
+        hard = prng.uniform(shed, 1.0)
         kv = prng.choice((None, prng.randint(500, 20_000)))
         signals = {
             name: prng.uniform(0.0, 1.1) for name in ("kv_cache", "gpu_memory", "server_queue") if prng.random() < 0.4
         }
+        limit = prng.randint(0, 40)
+        inflight = prng.randint(0, 40)
+        reserved = prng.randint(0, 20_000)
+        cost = prng.randint(0, 4_000)
+        headroom = prng.choice((0, prng.randint(0, 2_000)))
+        edge = i % 2 == 1
+        if edge:
+            signals.pop("kv_cache", None)
+            headroom = 0
+            slots = shedding.tier_slots(rank, n_tiers, limit, shed, hard)
+            inflight = max(0, slots - 1 + prng.choice((-1, 0, 1)))
+            if kv is not None:
+                cap = math.floor(shedding.tier_threshold(rank, n_tiers, shed, hard) * kv)
+                reserved = prng.randint(0, cap)
+                cost = max(0, cap - reserved + prng.choice((-1, 0, 1)))
         verdict = shedding_decide(
             shedding,
-            rank=prng.randrange(n_tiers),
+            rank=rank,
             n_tiers=n_tiers,
             shed_threshold=shed,
-            hard_threshold=prng.uniform(shed, 1.0),
+            hard_threshold=hard,
             server_signals=signals,
-            inflight=prng.randint(0, 40),
-            limit=prng.randint(0, 40),
-            cost_tokens=prng.randint(0, 4_000),
-            reserved_tokens=prng.randint(0, 20_000),
+            inflight=inflight,
+            limit=limit,
+            cost_tokens=cost,
+            reserved_tokens=reserved,
             kv_cache_tokens=kv,
             waiting_rank=prng.choice((None, prng.randrange(n_tiers))),
-            headroom_tokens=prng.choice((0, prng.randint(0, 2_000))),
-            top_reserve=prng.choice((0, prng.randint(0, 10))),
+            headroom_tokens=headroom,
+            top_reserve=0 if edge else prng.choice((0, prng.randint(0, 10))),
             top_inflight=prng.randint(0, 10),
         )
         rec.log("decide", i, _fields(verdict, VERDICT_FIELDS))
