@@ -24,12 +24,14 @@ Parts (each prints ``<part> <decisions> <sha256>``):
   slot or token-cap boundary.
 * ``cost``: the GPU-second shares the lease marks charge (``MeterStart``/``MeterEnd`` on the same loop) and
   the priority/team labels of 500 random callers (the priority trust rule).
-* ``admission``: ``MemoryStore.acquire`` / ``flush`` / ``admission_snapshot`` over two model groups and ten
-  windows, four priorities (one not configured) with reservations and a floor; corrections and learned
-  output sent as the limiter sends them; the 429 text and rate-limit headers of each result. Plus the pure
+* ``admission``: ``MemoryStore.acquire`` / ``flush`` / ``admission_snapshot`` over two model groups and about
+  14 one-minute windows, three configured priorities (reservations, one with a floor), the default pool and a
+  priority not configured; corrections and learned output sent with a later acquire or in a flush; the 429
+  text and rate-limit headers of each result. Plus the pure
   ``decide`` on 3,000 random counters.
 * ``contracts``: feature resolution, ``MemoryStore.contract_admit`` / ``contract_settle`` /
-  ``contract_window`` over ten windows, the action per mode (cap, reject) and the 429 text.
+  ``contract_window`` over about 20 one-minute windows (3% of the answers settle after their window
+  expired), the action per mode (cap, reject, delay) and the 429 text.
 
 Only names present before and after the package's restructuring are used; where a signature changed
 (``shedding.decide`` took 14 keywords, it now takes value objects) :func:`shedding_decide` detects which one
@@ -882,9 +884,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3_000, help="requests per simulated part (default 3000)")
     parser.add_argument("--trace", help="write every logged decision to this file, one per line")
     args = parser.parse_args(argv)
-    for variable in ("RB_LLM_CLIENT_SLIDING_WINDOW_SIZE", "RB_LLM_CLIENT_INPUT_TO_OUTPUT_TOKEN_RATIO"):
+    # Routing settings read these when the config leaves them out: the replay must not depend on the shell.
+    for variable in (
+        "RB_LLM_CLIENT_SLIDING_WINDOW_SIZE",
+        "RB_LLM_CLIENT_INPUT_TO_OUTPUT_TOKEN_RATIO",
+        "RB_LLM_CLIENT_RATE_GREEDINESS_FACTOR",
+    ):
         os.environ.pop(variable, None)
-    os.environ.pop("RB_LLM_CLIENT_RATE_GREEDINESS_FACTOR", None)
     package = importlib.import_module("litellm_ratebalance")
     print(f"package {os.path.dirname(os.path.abspath(package.__file__ or ''))}")
     trace = open(args.trace, "w", encoding="utf-8") if args.trace else None  # noqa: SIM115
