@@ -27,8 +27,7 @@ Parts (each prints ``<part> <decisions> <sha256>``):
 * ``admission``: ``MemoryStore.acquire`` / ``flush`` / ``admission_snapshot`` over two model groups and about
   14 one-minute windows, three configured priorities (reservations, one with a floor), the default pool and a
   priority not configured; corrections and learned output sent with a later acquire or in a flush; the 429
-  text and rate-limit headers of each result. Plus the pure
-  ``decide`` on 3,000 random counters.
+  text and rate-limit headers of each result. Plus the pure ``decide`` on 3,000 random counters.
 * ``contracts``: feature resolution, ``MemoryStore.contract_admit`` / ``contract_settle`` /
   ``contract_window`` over about 20 one-minute windows (3% of the answers settle after their window
   expired), the action per mode (cap, reject, delay) and the 429 text.
