@@ -147,7 +147,7 @@ bench: $(STAMP) redis-server
 bench-admission: $(STAMP) redis-server
 	PYTHONPATH=. $(PY) bench/bench_admission.py --seed 1
 bench-bursts: $(STAMP) redis-server
-	PYTHONPATH=. $(PY) bench/bench_bursts.py
+	PYTHONPATH=. $(PY) bench/bench_bursts.py --runs 10
 bench-routing: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_routing.py --seeds 1 2 3 4 5 6 7 8 --duration 12 --no-proxy \
 	  --strategies ours least-busy latency-based-routing simple-shuffle usage-based-routing-v2 ours-litellm
