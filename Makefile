@@ -11,7 +11,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PYTHONUNBUFFERED := 1
 
 .PHONY: install test test-faults test-compat lock test-compiled bench-compiled compiled lint demo bench redis-server wheel-smoke clean \
-  bench-admission bench-bursts bench-routing bench-backpressure bench-cost
+  bench-admission bench-bursts bench-routing bench-backpressure bench-cost bench-overhead
 
 # LiteLLM's [proxy] extra, taken apart: from 1.109 it requires `litellm-proxy`, which this package index lacks,
 # and pins `litellm-enterprise` and `litellm-proxy-extras` releases newer than the index has (1.110.2 asks
@@ -147,7 +147,7 @@ bench: $(STAMP) redis-server
 bench-admission: $(STAMP) redis-server
 	PYTHONPATH=. $(PY) bench/bench_admission.py --seed 1
 bench-bursts: $(STAMP) redis-server
-	PYTHONPATH=. $(PY) bench/bench_bursts.py
+	PYTHONPATH=. $(PY) bench/bench_bursts.py --runs 10
 bench-routing: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_routing.py --seeds 1 2 3 4 5 6 7 8 --duration 12 --no-proxy \
 	  --strategies ours least-busy latency-based-routing simple-shuffle usage-based-routing-v2 oracle
@@ -155,6 +155,8 @@ bench-backpressure: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_backpressure.py --seed 7
 bench-cost: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_cost.py
+bench-overhead: $(STAMP) redis-server
+	PYTHONPATH=. $(PY) bench/bench_proxy_overhead.py --rounds 4 --seconds 8
 
 clean:
 	rm -rf $(VENV) .venv-* .pytest_cache .mypy_cache .ruff_cache build

@@ -69,6 +69,7 @@ from litellm.proxy._types import UserAPIKeyAuth
 from litellm.router import Router
 from prometheus_client import REGISTRY
 
+from bench.backpressure_replicas import Replicas, send_http
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
 from litellm_ratebalance.proxy.backpressure.book import DeploymentState
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
@@ -578,6 +579,120 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
     return {"best": best, "unloaded_p95": unloaded_p95, "summaries": summaries}, checks
 
 
+async def run_open_loop_http(replicas: Replicas, group: str, jobs: Sequence[Job]) -> list[Result]:
+    """The open loop through the proxy replicas: request ``i`` of ``jobs`` to replica ``i mod N``."""
+    origin = time.monotonic()
+    limiter = asyncio.Semaphore(MAX_IN_FLIGHT)
+
+    async def one(index: int, job: Job) -> Result:
+        async with limiter:
+            started = time.monotonic() - origin
+            client = replicas.clients[index % len(replicas.clients)]
+            status, reason, tokens = await send_http(client, group, job.priority, job.payload(), job.max_tokens)
+            return Result(job, status, reason, started, time.monotonic() - origin, tokens)
+
+    tasks = []
+    for index, job in enumerate(jobs):
+        delay = job.at - (time.monotonic() - origin)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(index, job)))
+    return list(await asyncio.gather(*tasks))
+
+
+def beyond_decode(results: Sequence[Result], step_seconds: float) -> tuple[float, float, float]:
+    """The top tier's served requests: time beyond their decode at the unloaded step (``tokens x step``),
+    which is waiting (in the layer's queue, or in the server's) plus prefill and the proxy's own time: (mean,
+    p95, share above 0.5 s). Where the top tier's latency goes."""
+    extra = [
+        (r.ended - r.started) - r.output_tokens * step_seconds
+        for r in results
+        if r.job.priority == "high" and r.status == 200 and r.output_tokens
+    ]
+    if not extra:
+        return float("nan"), float("nan"), float("nan")
+    return statistics.fmean(extra), p95(extra), sum(1 for e in extra if e > 0.5) / len(extra)
+
+
+async def run_replicas(profile: Profile, args: Any) -> tuple[dict[str, Any], list[tuple[str, bool]]]:
+    """``--replicas N``: the overload through ``N`` real proxies sharing one redis-server (see
+    ``bench/backpressure_replicas.py``), with all tiers (``mixed``) and with the top tier's requests alone."""
+    spec = profile.spec
+    async with InferenceServerProcess(spec) as server:
+        rates = await measure_capacity(server, profile, seeded(args.seed, "closed_loop"))
+        best = max(rates.values())
+        if best <= 0:
+            raise SystemExit(f"profile {profile.name}: every closed loop ran out of memory; widen closed_loop")
+        rate = OVERLOAD * best / mean_answer(args.seed, profile)
+        jobs = make_jobs(args.seed, profile, rate, args.seconds, args.high_share)
+        alone_jobs = [job for job in jobs if job.priority == "high"]
+        summaries: dict[str, dict[str, Any]] = {}
+        async with Replicas(args.replicas, server.api_base, server.metrics_url, spec.memory_tokens) as replicas:
+            # Warm-up: every replica learns a little on both groups (the same requests as the in-process bench).
+            rng = random.Random(args.seed + 1)
+            warm = [make_job(rng, profile, 0.0, "high", 10**6 + i) for i in range(12 * args.replicas)]
+            for group in ("mixed", "alone"):
+                for start in range(0, len(warm), 3):
+                    await run_open_loop_http(replicas, group, warm[start : start + 3])
+            for mode, group, sequence in (("top_alone", "alone", alone_jobs), ("learned", "mixed", jobs)):
+                await wait_idle(server)
+                await server.reset()
+                fills: list[float] = []
+                watcher = asyncio.create_task(sample_fill(server, spec.memory_tokens, fills))
+                results = await run_open_loop_http(replicas, group, sequence)
+                watcher.cancel()
+                fill = statistics.fmean(fills) if fills else 0.0
+                summaries[mode] = summarise(results, args.seconds, (await server.stats()).oom_failures, fill)
+                summaries[mode]["high_wait"] = beyond_decode(results, spec.step_seconds)
+            logs = replicas.logs()
+    overflow_lines = sum(text.count("for want of GPU / KV-cache memory") for text in logs)
+    mixed, alone = summaries["learned"], summaries["top_alone"]
+    high_refused = mixed["high"]["refused"] / max(1, mixed["high"]["sent"])
+    ratio = mixed["high"]["p95_token"] / alone["high"]["p95_token"]
+    print(f"\n=== profile {profile.name}, {args.replicas} proxy replica(s) sharing one redis-server ===")
+    print(
+        f"best closed loop {best:.0f} output tokens/s; overload {len(jobs)} requests in {args.seconds:.0f}s "
+        f"({rate:.1f}/s = {OVERLOAD:.0f}x), {len(alone_jobs)} of them top tier; machine load average "
+        f"{os.getloadavg()[0]:.1f}"
+    )
+    header = f"{'':30}{'all tiers':>18}{'top tier alone':>18}"
+    print(header)
+    print("-" * len(header))
+    for label, key in (("simulated OOM failures", "oom"),):
+        print(f"{label:30}{mixed[key]:>18}{alone[key]:>18}")
+    for tier in TIERS:
+        cells = []
+        for s in (mixed, alone):
+            t = s[tier]
+            cells.append(
+                f"{t['ok']}/{t['sent']} ok, {t['refused']} ref" if t["sent"] else "-",
+            )
+        print(f"{tier + ': ok / refused':30}{cells[0]:>18}{cells[1]:>18}")
+    p95s = [
+        f"{s['high']['p95_token'] * 1000:.1f}ms" if math.isfinite(s["high"]["p95_token"]) else "-"
+        for s in (mixed, alone)
+    ]
+    print(f"{'high: p95 per token':30}{p95s[0]:>18}{p95s[1]:>18}")
+    print(f"{'goodput / best closed loop':30}{mixed['goodput'] / best:>18.0%}{alone['goodput'] / best:>18.0%}")
+    print(f"{'mean KV-cache fill':30}{mixed['cache_fill']:>18.0%}{alone['cache_fill']:>18.0%}")
+    waits = [s["high_wait"] for s in (mixed, alone)]
+    print(f"{'high: time beyond decode, mean':30}{waits[0][0]:>17.2f}s{waits[1][0]:>17.2f}s")
+    print(f"{'high: time beyond decode, p95':30}{waits[0][1]:>17.2f}s{waits[1][1]:>17.2f}s")
+    print(f"{'high: share beyond decode > 0.5s':30}{waits[0][2]:>18.0%}{waits[1][2]:>18.0%}")
+    print(f"refusal reasons (all tiers): {mixed['reasons']}; overflow log lines in the proxies: {overflow_lines}")
+    name = f"{profile.name} x{args.replicas}"
+    checks = [
+        (f"{name}: {mixed['oom']} simulated OOM failures (target 0)", mixed["oom"] == 0),
+        (f"{name}: high refused {high_refused:.1%} (target 0%)", mixed["high"]["refused"] == 0),
+        (f"{name}: high p95 per token {ratio:.2f}x top tier alone (target <= 1.15x)", ratio <= 1.15),
+        (
+            f"{name}: goodput {mixed['goodput'] / best:.0%} of the best closed loop (target >= 85%)",
+            mixed["goodput"] >= 0.85 * best,
+        ),
+    ]
+    return {"best": best, "summaries": summaries}, checks
+
+
 async def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--profile", choices=["knee", "kv", "both"], default="both")
@@ -605,10 +720,19 @@ async def main(argv: Sequence[str]) -> int:
         help="words: prompts LiteLLM counts as the server does; runs: one character repeated, which LiteLLM "
         "counts at about half the server's tokens",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="run the overload through this many real litellm proxies sharing one redis-server (1-8), with all "
+        "tiers and with the top tier's requests alone, instead of the in-process modes",
+    )
     parser.add_argument("--debug", action="store_true", help="print the layer's view of the deployment every 0.5s")
     args = parser.parse_args(argv)
     if not 0.0 < args.high_share < 1.0:
         parser.error(f"--high-share must be between 0 and 1, exclusive (got {args.high_share})")
+    if args.replicas and not 1 <= args.replicas <= 8:
+        parser.error(f"--replicas must be between 1 and 8 (got {args.replicas})")
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown:
@@ -619,7 +743,8 @@ async def main(argv: Sequence[str]) -> int:
     checks: list[tuple[str, bool]] = []
     for name in ("knee", "kv") if args.profile == "both" else (args.profile,):
         profile = replace(PROFILES[name], prompt_text=args.prompt_text)
-        _, profile_checks = await run_profile(profile, args)
+        run = run_replicas if args.replicas else run_profile
+        _, profile_checks = await run(profile, args)
         checks += profile_checks
     print()
     for label, ok in checks:

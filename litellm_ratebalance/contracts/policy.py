@@ -2,7 +2,7 @@
 
 Nothing here does I/O or reads a clock: callers pass times (milliseconds since the epoch), counts and
 limits. ``store/lua/contract_admit.lua`` and ``contract_settle.lua`` implement
-:meth:`ContractLedger.admit` / :meth:`ContractLedger.settle` step for step; the embedded store runs the
+:meth:`ContractLedger.admit` / :meth:`ContractLedger.settle_many` step for step; the embedded store runs the
 ledger itself, and the shared behavioural suite checks both agree.
 
 Definitions:
@@ -52,6 +52,7 @@ __all__ = [
     "ContractLedger",
     "ContractLimits",
     "ContractSettlement",
+    "ContractSettlements",
     "ContractWindow",
     "FeatureResolution",
     "Mode",
@@ -268,6 +269,17 @@ class ContractSettlement:
 
 
 @dataclass(frozen=True, slots=True)
+class ContractSettlements:
+    """Outcome of reconciling several features' requests of one window at once."""
+
+    applied: bool
+    """False when the window's counters are gone (expired): nothing was recorded."""
+    feature_tokens: Mapping[str, int]
+    """Per feature (as given): recorded plus in flight after the reconcile (empty when not applied)."""
+    basket_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class ContractWindow:
     """Read-only view of one window, keyed by counter field (escaped feature name or ``__basket__``)."""
 
@@ -289,6 +301,13 @@ class _Window:
 
     def token_usage(self, name: str) -> int:
         return self.tokens.get(name, 0) + self.in_flight.get(name, 0)
+
+    def reconcile(self, name: str, release: int, actual: int) -> None:
+        # Fields are written only when something changes, exactly as the Lua script does.
+        if release > 0:
+            self.in_flight[name] = max(0, self.in_flight.get(name, 0) - release)
+        if actual > 0:
+            self.tokens[name] = self.tokens.get(name, 0) + actual
 
 
 class ContractLedger:
@@ -340,18 +359,29 @@ class ContractLedger:
         self, *, now_ms: int, window_start: int, field_name: str, release_tokens: int, actual_tokens: int
     ) -> ContractSettlement:
         """Move a request's estimate out of flight and record its actual usage, in its own window."""
+        settled = self.settle_many(
+            now_ms=now_ms, window_start=window_start, deltas={field_name: (release_tokens, actual_tokens)}
+        )
+        return ContractSettlement(settled.applied, settled.feature_tokens.get(field_name, 0), settled.basket_tokens)
+
+    def settle_many(
+        self, *, now_ms: int, window_start: int, deltas: Mapping[str, tuple[int, int]]
+    ) -> ContractSettlements:
+        """Reconcile requests of several features counted in one window: ``deltas`` maps a field to the
+        estimates to release and the actual tokens to record (each summed over its requests); the basket
+        takes the sums. Releasing in one sum or one by one ends the same, since in-flight fields stop at 0."""
         self._expire(now_ms)
         window = self._windows.get(window_start)
         if window is None:
-            return ContractSettlement(False, 0, 0)
-        release, actual = max(0, int(release_tokens)), max(0, int(actual_tokens))
-        for name in (field_name, BASKET_FIELD):
-            # Fields are written only when something changes, exactly as the Lua script does.
-            if release > 0:
-                window.in_flight[name] = max(0, window.in_flight.get(name, 0) - release)
-            if actual > 0:
-                window.tokens[name] = window.tokens.get(name, 0) + actual
-        return ContractSettlement(True, window.token_usage(field_name), window.token_usage(BASKET_FIELD))
+            return ContractSettlements(False, {}, 0)
+        released = recorded = 0
+        for name, (release_tokens, actual_tokens) in deltas.items():
+            release, actual = max(0, int(release_tokens)), max(0, int(actual_tokens))
+            window.reconcile(name, release, actual)
+            released, recorded = released + release, recorded + actual
+        window.reconcile(BASKET_FIELD, released, recorded)
+        tokens = {name: window.token_usage(name) for name in deltas}
+        return ContractSettlements(True, tokens, window.token_usage(BASKET_FIELD))
 
     def window(self, *, now_ms: int, window_start: int) -> ContractWindow | None:
         self._expire(now_ms)

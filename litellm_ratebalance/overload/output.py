@@ -3,7 +3,8 @@
 Nothing here reads a clock or does I/O. One :class:`OutputEstimate` per deployment and process learns the
 completion tokens of its successful answers in the histogram of :mod:`litellm_ratebalance.admission.estimate`
 (log-spaced buckets, halved every :data:`~litellm_ratebalance.admission.estimate.DECAY_AT_SAMPLES` samples,
-so it follows a model whose answers change), and :meth:`OutputEstimate.reserve` turns it into the output
+so it follows a model whose answers change), pooled with what the other proxy replicas of the deployment learned
+(:meth:`OutputEstimate.set_peers`, see :mod:`.peers`), and :meth:`OutputEstimate.reserve` turns it into the output
 tokens one request reserves:
 
 * ``learned`` (default): the mean of the learned answers (``quantile``: that quantile instead), at most the
@@ -26,6 +27,7 @@ import math
 from typing import Literal
 
 from litellm_ratebalance.admission.estimate import bucket_of, decayed, estimate_from_histogram
+from litellm_ratebalance.overload.peers import pooled_histogram
 
 __all__ = ["MIN_SAMPLES", "OutputEstimate", "OutputMode"]
 
@@ -39,11 +41,23 @@ length distribution would set the reservation of the next few hundred requests b
 class OutputEstimate:
     """Learned completion tokens of one deployment (not thread-safe: one event loop owns it)."""
 
-    __slots__ = ("_buckets", "_count")
+    __slots__ = ("_buckets", "_count", "_peer_count", "_peers")
 
     def __init__(self) -> None:
         self._buckets: dict[int, tuple[float, float]] = {}
         self._count = 0.0
+        self._peers: dict[int, tuple[float, float]] = {}
+        self._peer_count = 0.0
+
+    def histogram(self) -> dict[int, tuple[float, float]]:
+        """What this process learned: bucket -> (count, sum of tokens), decayed (a copy, to share)."""
+        return dict(self._buckets)
+
+    def set_peers(self, histogram: dict[int, tuple[float, float]]) -> None:
+        """The other replicas' answers of this deployment (their histograms summed), pooled with this
+        process's own in :meth:`estimate` until the next call replaces them."""
+        self._peers = dict(histogram)
+        self._peer_count = sum(count for count, _ in histogram.values())
 
     @property
     def samples(self) -> float:
@@ -60,10 +74,13 @@ class OutputEstimate:
         self._buckets, self._count = decayed(self._buckets, self._count)
 
     def estimate(self, quantile: float | None = None) -> float | None:
-        """The learned answer size (mean, or ``quantile``); ``None`` before :data:`MIN_SAMPLES` answers."""
-        if self._count < MIN_SAMPLES:
+        """The learned answer size (mean, or ``quantile``) over this process's answers and its peers'
+        (:meth:`set_peers`); ``None`` before :data:`MIN_SAMPLES` answers."""
+        if self._count + self._peer_count < MIN_SAMPLES:
             return None
-        return estimate_from_histogram(self._buckets, quantile)
+        if not self._peers:
+            return estimate_from_histogram(self._buckets, quantile)
+        return estimate_from_histogram(pooled_histogram(self._buckets, self._peers), quantile)
 
     def reserve(
         self, max_tokens: int | None, *, mode: OutputMode, default_output_tokens: int, quantile: float | None = None

@@ -91,6 +91,10 @@ class FairQueue(Generic[T]):
         self._depth += 1
         return entry
 
+    def ranks(self) -> tuple[int, ...]:
+        """The tiers with a waiting entry, lowest first."""
+        return tuple(sorted(self._clients))
+
     def top_rank(self) -> int | None:
         """The highest tier with a waiting entry (``None`` when the queue is empty)."""
         return max(self._clients) if self._clients else None

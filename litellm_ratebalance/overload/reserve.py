@@ -18,9 +18,9 @@ count towards its reserve.
 The cost is goodput when the top tier's in-flight count is below ``R``: those slots stay idle. ``q = 0``
 gives ``R = 0``, the plain tier rule.
 
-:class:`TopDemand` estimates ``λ`` and ``W`` from what one process sees (per replica: with ``N`` proxy
-replicas sharing a deployment, each sees about ``1 / N`` of the top tier's arrivals and its own top-tier
-requests in flight, so the reserve is about ``1 / N`` of the whole; it is a floor, not a guarantee).
+:class:`TopDemand` estimates ``λ`` and ``W`` from what one process sees; with several proxy replicas in front
+of a deployment each sees part of the top tier's arrivals, and the others' rates (and top-tier requests in
+flight) are added from what they publish (:mod:`.peers`, every scrape interval).
 """
 
 from __future__ import annotations
@@ -121,6 +121,12 @@ class TopDemand:
             return 0.0
         return self.rate(now) * service
 
-    def reserve(self, now: float, quantile: float, fallback_service_seconds: float | None = None) -> int:
-        """Slots lower tiers leave for the top tier now (see the module docstring)."""
-        return reserve_slots(self.expected_inflight(now, fallback_service_seconds), quantile)
+    def reserve(
+        self, now: float, quantile: float, fallback_service_seconds: float | None = None, other_rate: float = 0.0
+    ) -> int:
+        """Slots lower tiers leave for the top tier now (see the module docstring); ``other_rate``: the top
+        tier's arrivals per second at the other proxy replicas of the deployment, added to this process's."""
+        service = self._service if self._service is not None else fallback_service_seconds
+        if service is None or service <= 0:
+            return 0
+        return reserve_slots((self.rate(now) + max(0.0, other_rate)) * service, quantile)

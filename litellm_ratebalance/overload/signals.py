@@ -41,6 +41,7 @@ from litellm_ratebalance.overload.servers import (
 )
 
 __all__ = [
+    "OVERFLOW_MARKERS",
     "SCRAPE_FAILURES_BEFORE_WARNING",
     "SIGNAL_REPORT_REFRESH_SECONDS",
     "SIGNAL_REPORT_TTL_SECONDS",
@@ -48,6 +49,7 @@ __all__ = [
     "GpuProbe",
     "GpuSample",
     "IdleMemory",
+    "LogOnce",
     "NvmlProbe",
     "ServerMetrics",
     "ServerSetting",
@@ -56,6 +58,7 @@ __all__ = [
     "SignalUpkeep",
     "held_at_scrape",
     "httpx_fetcher",
+    "is_overflow_error",
     "parse_metrics",
     "server_signals",
 ]
@@ -209,10 +212,12 @@ class SignalUpkeep:
       (the preemptions in between are summed into the next line).
     """
 
-    __slots__ = ("_logged_at", "_published", "_published_at", "_unlogged", "idle_memory")
+    __slots__ = ("_logged_at", "_published", "_published_at", "_unlogged", "idle_memory", "overflows")
 
     def __init__(self) -> None:
         self.idle_memory = IdleMemory()
+        self.overflows = LogOnce()
+        """The server's out-of-memory failures the layer did not prevent, at most one log line per interval."""
         self._published: object = None
         self._published_at = float("-inf")
         self._logged_at = float("-inf")
@@ -237,6 +242,36 @@ class SignalUpkeep:
             return None
         count, self._unlogged, self._logged_at = self._unlogged, 0.0, now
         return count
+
+
+class LogOnce:
+    """Events to name in a log line at most once per interval (no clock: times are passed); the events in
+    between are summed into the next line."""
+
+    __slots__ = ("_logged_at", "_unlogged")
+
+    def __init__(self) -> None:
+        self._logged_at = float("-inf")
+        self._unlogged = 0.0
+
+    def to_log(self, count: float, now: float, interval: float) -> float | None:
+        """Add ``count`` events; the count to log now (all since the last line), or ``None`` to stay quiet."""
+        self._unlogged += max(0.0, count)
+        if self._unlogged <= 0 or now - self._logged_at < interval:
+            return None
+        logged, self._unlogged, self._logged_at = self._unlogged, 0.0, now
+        return logged
+
+
+OVERFLOW_MARKERS = ("out of memory", "outofmemory", "kv cache overflow", "kv-cache overflow")
+"""Lower-case phrases of a server error that says the server ran out of GPU / KV-cache memory (CUDA's
+``CUDA out of memory``, PyTorch's ``OutOfMemoryError``)."""
+
+
+def is_overflow_error(message: str) -> bool:
+    """Whether a server error's message says it ran out of GPU or KV-cache memory."""
+    text = message.lower()
+    return any(marker in text for marker in OVERFLOW_MARKERS)
 
 
 def held_at_scrape(scraped_at: float, started: float, ended: float, prompt_tokens: int, output_tokens: int) -> float:

@@ -34,6 +34,7 @@ __all__ = [
     "DeploymentGate",
     "FaultPolicy",
     "LeaseMeter",
+    "LiteLLMRedisClient",
     "Registry",
     "Runtime",
     "configure",
@@ -165,6 +166,36 @@ class Registry:
         self._resets.clear()
 
 
+class LiteLLMRedisClient:
+    """The async client of the proxy's own Redis (a LiteLLM ``RedisCache``), for the store to ask for at each call.
+
+    LiteLLM keeps that client in an expiring cache per event loop and may replace it, so it is never held for
+    long; but asking LiteLLM hashes the cache's whole configuration every time, which costs about a fifth of a
+    store call. So the client is asked for again at most every ``refresh_seconds`` (and on another event loop).
+    """
+
+    __slots__ = ("_cache", "_client", "_clock", "_loop", "_refresh_seconds", "_until")
+
+    def __init__(self, cache: Any, refresh_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._cache = cache
+        self._refresh_seconds = refresh_seconds
+        self._clock = clock
+        self._client: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._until = 0.0
+
+    def __call__(self) -> Any:
+        now = self._clock()
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if self._client is None or now >= self._until or loop is not self._loop:
+            self._client = self._cache.init_async_client()
+            self._loop, self._until = loop, now + self._refresh_seconds
+        return self._client
+
+
 class Runtime:
     """Lazily resolved, process-wide dependencies of the adapters, and the :class:`Registry` of the parts."""
 
@@ -246,7 +277,7 @@ class Runtime:
             # the store's gate never lets more calls in flight than that client's pool (per node) allows.
             return self._observed(
                 RedisStore(
-                    cache.init_async_client,
+                    LiteLLMRedisClient(cache),
                     keys,
                     timeout_seconds=settings.ratebalance.store_timeout_seconds,
                     cooldown_seconds=settings.ratebalance.store_retry_after_seconds,

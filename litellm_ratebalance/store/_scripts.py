@@ -482,31 +482,28 @@ def _known_node(client: Any, host: str, port: int, redirect: Exception) -> Any:
 
 
 async def _asking_then(node: Any, command: tuple[Any, ...]) -> Any:
-    """Send ASKING and ``command`` in one write on one connection of ``node`` (ASKING allows only the next
-    command on its own connection); return the command's reply."""
-    connection = node.acquire_connection()
-    clean = False  # both replies read
+    """Send ASKING and ``command`` in one write on a connection of our own to ``node`` (ASKING allows only the
+    next command on its own connection); return the command's reply.
+
+    The connection is opened for this call and closed after it, not taken from the node's pool: while a slot
+    migrates, the cluster client re-reads the slot map on other calls' redirects and disconnects the
+    connections of the node objects it replaces, which failed a pooled connection in the middle of this
+    exchange. The ASK state is short (a migration's keys moving), so a connection per call is cheap."""
+    connection = node.connection_class(**node.connection_kwargs)
     try:
+        await connection.connect()
         await connection.send_packed_command(connection.pack_commands([("ASKING",), command]))
         asking_error: ResponseError | None = None
         try:
             await connection.read_response()  # OK
         except ResponseError as exc:
             asking_error = exc
-        try:
-            reply = await connection.read_response()
-        except ResponseError:
-            clean = True
-            raise
-        clean = True
+        reply = await connection.read_response()
         if asking_error is not None:
             raise asking_error
         return reply
     finally:
-        if not clean:
-            # A reply may be left unread on it (a timeout, a cancelled call): never hand it to the next command.
-            await connection.disconnect()
-        node.release(connection)
+        await connection.disconnect()
 
 
 def _pool_limit(client: Any) -> int | None:

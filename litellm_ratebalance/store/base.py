@@ -10,7 +10,7 @@ A store is one of two backends with the same behaviour:
 
 The protocol is the union of one protocol per product part; each part's operations, typed results and
 both implementations live in that part's module (``admission``, ``routing``, ``contracts``,
-``concurrency``, ``cost``, ``replicas``, ``signals``). Every method raises
+``concurrency``, ``cost``, ``replicas``, ``signals``, ``peers``). Every method raises
 :class:`~litellm_ratebalance.errors.StoreError` on a backend fault and nothing else; what to do then (fail
 open / closed) is the caller's decision.
 """
@@ -24,6 +24,7 @@ from litellm_ratebalance.store.concurrency import ConcurrencyStore
 from litellm_ratebalance.store.contracts import ContractStore
 from litellm_ratebalance.store.cost import CostStore
 from litellm_ratebalance.store.keys import KeySpace
+from litellm_ratebalance.store.peers import PeerStore
 from litellm_ratebalance.store.replicas import ReplicaStore
 from litellm_ratebalance.store.routing import RoutingStore
 from litellm_ratebalance.store.signals import SignalStore
@@ -32,7 +33,15 @@ __all__ = ["Store"]
 
 
 class Store(
-    AdmissionStore, RoutingStore, ContractStore, ConcurrencyStore, CostStore, ReplicaStore, SignalStore, Protocol
+    AdmissionStore,
+    RoutingStore,
+    ContractStore,
+    ConcurrencyStore,
+    CostStore,
+    ReplicaStore,
+    SignalStore,
+    PeerStore,
+    Protocol,
 ):
     backend: str
     """``"redis"`` or ``"memory"``."""

@@ -5,8 +5,9 @@ estimate). The replica that took a lease renews it while its request runs and re
 ends; if that replica crashes, its leases expire after their time-to-live and the capacity comes back on
 its own. Four operations, each one atomic step (one Redis round trip):
 
-* :meth:`ConcurrencyStore.lease_acquire` takes a lease if fewer than ``slot_cap`` leases are alive and the
-  reserved tokens stay within ``token_cap``;
+* :meth:`ConcurrencyStore.lease_acquire` takes a lease if fewer than ``slot_cap`` leases are alive, the
+  reserved tokens stay within ``token_cap`` and (given the request's ``rank``) no higher tier waits in any
+  replica's queue (:mod:`litellm_ratebalance.store.peers`);
 * :meth:`ConcurrencyStore.lease_release` gives one back;
 * :meth:`ConcurrencyStore.lease_renew` pushes out the expiry of live leases (an expired lease is not revived);
 * :meth:`ConcurrencyStore.concurrency_snapshot` reads the totals.
@@ -50,6 +51,9 @@ class LeaseRefusal(IntEnum):
     """``slot_cap`` leases are already alive."""
     TOKENS = 2
     """The reserved tokens would pass ``token_cap``."""
+    WAITING = 3
+    """A request of a higher tier than ``rank`` waits in some replica's queue (see
+    :meth:`~litellm_ratebalance.store.peers.PeerStore.waiting_publish`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +88,7 @@ class ConcurrencyStore(Protocol):
         ttl_ms: int,
         cost_tokens: int = 0,
         token_cap: int | None = None,
+        rank: int | None = None,
         meter: MeterStart | None = None,
     ) -> LeaseResult: ...
 
@@ -137,18 +142,24 @@ class RedisConcurrencyStore:
         ttl_ms: int,
         cost_tokens: int = 0,
         token_cap: int | None = None,
+        rank: int | None = None,
         meter: MeterStart | None = None,
     ) -> LeaseResult:
+        keys = self._lease_keys(deployment_id)
+        keys.append(self._keys.waiting_tiers(deployment_id))
+        if meter is not None:
+            keys.append(self._keys.cost_state(deployment_id))  # the same hash tag
         try:
             reply = await self._runner.run(
                 "concurrency_acquire",
-                self._lease_keys(deployment_id, meter is not None),
+                keys,
                 [
                     _check_lease_id(lease_id),
                     int(slot_cap),
                     _check_ttl(ttl_ms),
                     max(0, int(cost_tokens)),
                     -1 if token_cap is None else max(0, int(token_cap)),
+                    -1 if rank is None else max(0, int(rank)),
                     *(meter.script_args() if meter is not None else ()),
                 ],
             )
@@ -202,6 +213,9 @@ class MemoryConcurrencyStore:
     _lock: threading.Lock
     _concurrency_leases: dict[str, _MemoryLeases]
     _sharing: MemorySharing
+    _highest_waiting: Callable[[str, int], int]
+    """The highest tier waiting for a deployment in any queue, at a time in ms (``MemoryPeerStore``; the
+    caller holds the lock)."""
 
     def _init_concurrency(self) -> None:
         """Create this part's in-memory state; called by ``MemoryStore.__init__``."""
@@ -232,6 +246,7 @@ class MemoryConcurrencyStore:
         ttl_ms: int,
         cost_tokens: int = 0,
         token_cap: int | None = None,
+        rank: int | None = None,
         meter: MeterStart | None = None,
     ) -> LeaseResult:
         _check_lease_id(lease_id)
@@ -246,7 +261,9 @@ class MemoryConcurrencyStore:
                 state.leases[lease_id] = (now + ttl, existing[1])
                 return LeaseResult(True, LeaseRefusal.NONE, alive, state.tokens, now)
             refusal = LeaseRefusal.NONE
-            if alive >= slot_cap:
+            if rank is not None and self._highest_waiting(deployment_id, now) > max(0, int(rank)):
+                refusal = LeaseRefusal.WAITING
+            elif alive >= slot_cap:
                 refusal = LeaseRefusal.SLOTS
             elif token_cap is not None and state.tokens + cost > max(0, int(token_cap)):
                 refusal = LeaseRefusal.TOKENS

@@ -6,8 +6,9 @@ Two atomic operations (one Redis round trip each, normally):
   against its feature's and the basket's contract in the current fixed window and, unless its worst
   mode is one the caller rejects, count it (1 request, its token estimate in flight). Check and count
   are one step, so concurrent requests cannot all see the same count (the race of a read-then-write).
-* :meth:`ContractStore.contract_settle`, after the call: release the estimate and record the actual
-  tokens in the window the request was counted in.
+* :meth:`ContractStore.contract_settle_many`, after the calls: release the estimates and record the actual
+  tokens of finished requests, per feature, in the window they were counted in (a replica sends what
+  finished in one window in one call; :meth:`ContractStore.contract_settle` is the same for one request).
 
 Layout (both backends; see :class:`~litellm_ratebalance.contracts.policy.ContractLedger`): per window two
 hashes, ``{prefix}:traffic_contract:rpm:{<start>}`` and ``...:tpm:{<start>}``, with one field per
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from litellm_ratebalance.contracts.policy import (
@@ -33,6 +34,7 @@ from litellm_ratebalance.contracts.policy import (
     ContractLedger,
     ContractLimits,
     ContractSettlement,
+    ContractSettlements,
     ContractWindow,
     Mode,
 )
@@ -44,6 +46,7 @@ from litellm_ratebalance.store.keys import KeySpace
 __all__ = [
     "ContractAdmission",
     "ContractSettlement",
+    "ContractSettlements",
     "ContractStore",
     "ContractWindow",
     "MemoryContractStore",
@@ -72,6 +75,13 @@ class ContractStore(Protocol):
         self, feature: str, window_start: int, release_tokens: int, actual_tokens: int
     ) -> ContractSettlement:
         """Release ``release_tokens`` of in-flight estimate and record ``actual_tokens`` in that window."""
+        ...
+
+    async def contract_settle_many(
+        self, window_start: int, deltas: Mapping[str, tuple[int, int]]
+    ) -> ContractSettlements:
+        """For each feature of ``deltas`` (at least one), release its in-flight estimates and record its actual
+        tokens (``(release_tokens, actual_tokens)``, summed over its requests) in that window."""
         ...
 
     async def contract_window(self, window_seconds: int, window_start: int | None = None) -> ContractWindow | None:
@@ -185,14 +195,22 @@ class RedisContractStore:
     async def contract_settle(
         self, feature: str, window_start: int, release_tokens: int, actual_tokens: int
     ) -> ContractSettlement:
-        field_name = _field(self._keys, feature)
-        reply = await self._runner.run(
-            "contract_settle",
-            [self._keys.contract_window("tpm", window_start)],
-            [field_name, max(0, int(release_tokens)), max(0, int(actual_tokens))],
-        )
-        applied, f_tok, b_tok = (int(v) for v in reply)
-        return ContractSettlement(bool(applied), f_tok, b_tok)
+        settled = await self.contract_settle_many(window_start, {feature: (release_tokens, actual_tokens)})
+        return ContractSettlement(settled.applied, settled.feature_tokens.get(feature, 0), settled.basket_tokens)
+
+    async def contract_settle_many(
+        self, window_start: int, deltas: Mapping[str, tuple[int, int]]
+    ) -> ContractSettlements:
+        features = list(deltas)
+        args: list[object] = []
+        for feature in features:
+            release, actual = deltas[feature]
+            args += [_field(self._keys, feature), max(0, int(release)), max(0, int(actual))]
+        reply = await self._runner.run("contract_settle", [self._keys.contract_window("tpm", window_start)], args)
+        if not int(reply[0]):
+            return ContractSettlements(False, {}, 0)
+        tokens = {feature: int(value) for feature, value in zip(features, reply[2:], strict=True)}
+        return ContractSettlements(True, tokens, int(reply[1]))
 
     async def contract_window(self, window_seconds: int, window_start: int | None = None) -> ContractWindow | None:
         async def read(client: Any) -> tuple[int, Any, Any]:
@@ -251,15 +269,21 @@ class MemoryContractStore:
     async def contract_settle(
         self, feature: str, window_start: int, release_tokens: int, actual_tokens: int
     ) -> ContractSettlement:
-        field_name = _field(self._keys, feature)
+        settled = await self.contract_settle_many(window_start, {feature: (release_tokens, actual_tokens)})
+        return ContractSettlement(settled.applied, settled.feature_tokens.get(feature, 0), settled.basket_tokens)
+
+    async def contract_settle_many(
+        self, window_start: int, deltas: Mapping[str, tuple[int, int]]
+    ) -> ContractSettlements:
+        fields = {feature: _field(self._keys, feature) for feature in deltas}
         with self._lock:
-            return self._contract_ledger.settle(
+            settled = self._contract_ledger.settle_many(
                 now_ms=self._contract_now_ms(),
                 window_start=window_start,
-                field_name=field_name,
-                release_tokens=release_tokens,
-                actual_tokens=actual_tokens,
+                deltas={fields[feature]: delta for feature, delta in deltas.items()},
             )
+        tokens = {feature: settled.feature_tokens[fields[feature]] for feature in deltas} if settled.applied else {}
+        return ContractSettlements(settled.applied, tokens, settled.basket_tokens)
 
     async def contract_window(self, window_seconds: int, window_start: int | None = None) -> ContractWindow | None:
         with self._lock:

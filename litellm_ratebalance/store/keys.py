@@ -99,6 +99,17 @@ class KeySpace:
         """Hash of one deployment's signal report (server answering, problems of its signals)."""
         return f"{self.concurrency_tag(deployment_id)}:signals"
 
+    def waiting_tiers(self, deployment_id: str) -> str:
+        """Sorted set of the tiers waiting for one deployment in each replica's queue (its lease hash tag:
+        the lease acquire reads it)."""
+        return f"{self.concurrency_tag(deployment_id)}:waiting"
+
+    def peer_keys(self, deployment_id: str) -> tuple[str, str]:
+        """The sorted set of the replicas exchanging state about one deployment (expiries) and the hash of
+        their states."""
+        tag = self.concurrency_tag(deployment_id)
+        return f"{tag}:peers", f"{tag}:peer_states"
+
     # -- cost attribution ---------------------------------------------------------------------------
     def cost_state(self, deployment_id: str) -> str:
         """Hash of one deployment's sharing clock and efficiency sums; the same hash tag as its leases,

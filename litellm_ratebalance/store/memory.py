@@ -11,6 +11,7 @@ from litellm_ratebalance.store.concurrency import MemoryConcurrencyStore
 from litellm_ratebalance.store.contracts import MemoryContractStore
 from litellm_ratebalance.store.cost import MemoryCostStore
 from litellm_ratebalance.store.keys import KeySpace
+from litellm_ratebalance.store.peers import MemoryPeerStore
 from litellm_ratebalance.store.replicas import MemoryReplicaStore
 from litellm_ratebalance.store.routing import MemoryRoutingStore
 from litellm_ratebalance.store.signals import MemorySignalStore
@@ -26,6 +27,7 @@ class MemoryStore(
     MemoryCostStore,
     MemoryReplicaStore,
     MemorySignalStore,
+    MemoryPeerStore,
 ):
     """The store in this process's memory: one proxy process, same semantics as Redis.
 
@@ -45,6 +47,7 @@ class MemoryStore(
         self._init_concurrency()
         self._init_replicas()
         self._init_signals()
+        self._init_peers()
 
     async def ping(self) -> None:
         return None

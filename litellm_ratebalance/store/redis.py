@@ -10,6 +10,7 @@ from litellm_ratebalance.store.concurrency import RedisConcurrencyStore
 from litellm_ratebalance.store.contracts import RedisContractStore
 from litellm_ratebalance.store.cost import RedisCostStore
 from litellm_ratebalance.store.keys import KeySpace
+from litellm_ratebalance.store.peers import RedisPeerStore
 from litellm_ratebalance.store.replicas import RedisReplicaStore
 from litellm_ratebalance.store.routing import RedisRoutingStore
 from litellm_ratebalance.store.signals import RedisSignalStore
@@ -25,6 +26,7 @@ class RedisStore(
     RedisCostStore,
     RedisReplicaStore,
     RedisSignalStore,
+    RedisPeerStore,
 ):
     """The store over a ``redis.asyncio`` client (``Redis`` or ``RedisCluster``).
 

@@ -43,7 +43,8 @@ def config(*, fail_closed: bool = False) -> dict[str, Any]:
     contracts: dict[str, Any] = {
         "window_seconds": CONTRACT_WINDOW_S,  # an hour: a test never straddles a window (see room_in_window)
         "counter_ttl_seconds": 2 * CONTRACT_WINDOW_S,
-        "basket": {"rpm": BASKET_RPM},
+        # (a tpm contract far above the traffic: requests hold a token estimate in flight until reconciled)
+        "basket": {"rpm": BASKET_RPM, "tpm": 1_000_000_000},
         "features": {"smart-window": {"rpm": FEATURE_RPM}},
     }
     ratebalance: dict[str, Any] = {
@@ -228,6 +229,50 @@ async def test_limiter_rpm_is_exact_across_replicas(pair: list[LiteLLMProxy], re
     window = redis_sync.hgetall(KeySpace(PREFIX).admission_window("rpm60"))
     assert int(window[b"r"]) == 60
     # Each replica sent 75: a per-replica limit would have let 120 through.
+
+
+def contract_tokens(client: redis.Redis) -> dict[str, int]:
+    seconds, _ = client.time()
+    start = int(seconds) // CONTRACT_WINDOW_S * CONTRACT_WINDOW_S
+    raw = cast(dict[bytes, bytes], client.hgetall(KeySpace(PREFIX).contract_window("tpm", start)))
+    return {key.decode(): int(value) for key, value in raw.items()}
+
+
+async def settled_tokens(client: redis.Redis, timeout: float = 15.0) -> dict[str, int]:
+    """The contract window's tokens once nothing is in flight in it (an earlier burst's reconciles follow
+    its responses by up to 100 ms, later on a busy machine); fails if estimates stay in flight."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tokens = contract_tokens(client)
+        in_flight = {name: value for name, value in tokens.items() if name.endswith(":inflight") and value}
+        if not in_flight:
+            return tokens
+        assert time.monotonic() < deadline, f"estimates left in flight: {in_flight}"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_burst_is_reconciled_exactly_across_replicas(pair: list[LiteLLMProxy], redis_sync: redis.Redis) -> None:
+    """Each replica sends its reconciles of one window together: after a burst over both, the window holds
+    exactly the usage the responses reported, and nothing stays in flight."""
+    await room_in_window()
+    before = await settled_tokens(redis_sync)  # earlier tests' reconciles of this window have all arrived
+    responses = await burst(pair, "contracted", 200, token="sk-smart")
+    assert statuses(responses) == {200: 200}
+    assert "unknown" not in {response.headers["x-traffic-contract-rpm-mode"] for response in responses}
+    used = sum(int(response.json()["usage"]["total_tokens"]) for response in responses)
+    expected = {
+        "smart-window": before.get("smart-window", 0) + used,
+        "__basket__": before.get("__basket__", 0) + used,
+        "smart-window:inflight": 0,
+        "__basket__:inflight": 0,
+    }
+    deadline = time.monotonic() + 15.0  # logging runs after the responses; reconciles follow within 100 ms
+    while True:
+        after = contract_tokens(redis_sync)
+        if {name: after.get(name, 0) for name in expected} == expected or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert {name: after.get(name, 0) for name in expected} == expected
 
 
 # -- Redis killed and restarted during load ---------------------------------------------------------------

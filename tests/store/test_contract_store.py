@@ -155,3 +155,22 @@ async def test_concurrent_admissions_count_exactly(store: MemoryStore | RedisSto
     modes = [r.rpm_mode for r in results]
     assert (modes.count(Mode.NORMAL), modes.count(Mode.BORROWED), modes.count(Mode.DEGRADED)) == (20, 40, 40)
     assert sorted(r.basket_requests for r in results) == list(range(1, 101))
+
+
+async def test_settling_several_features_at_once_ends_as_one_by_one(store: MemoryStore | RedisStore) -> None:
+    await _room_in_window(LONG)
+    limits = ContractLimits(feature_tpm=1000, basket_tpm=5000)
+    first = await admit(store, "a", limits, 100)
+    await admit(store, "a", limits, 100)
+    await admit(store, "b", limits, 50)
+    # a: two requests, 200 in flight, 30 + 40 used; b: 50 in flight, 20 used; an over-release stops at 0.
+    settled = await store.contract_settle_many(first.window_start, {"a": (200, 70), "b": (80, 20)})
+    assert settled.applied
+    assert settled.feature_tokens == {"a": 70, "b": 20} and settled.basket_tokens == 90
+    window = await store.contract_window(LONG, first.window_start)
+    assert window is not None
+    assert window.tokens == {"a": 70, "b": 20, BASKET_FIELD: 90}
+    assert window.in_flight == {"a": 0, "b": 0, BASKET_FIELD: 0}
+    expired = await store.contract_settle_many(first.window_start - LONG, {"a": (10, 10)})
+    assert not expired.applied and expired.feature_tokens == {}
+    assert await store.contract_window(LONG, first.window_start - LONG) is None

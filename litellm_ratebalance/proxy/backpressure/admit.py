@@ -7,7 +7,9 @@
   first, then the fairest client (:class:`~litellm_ratebalance.overload.queue.FairQueue`). The head waits
   until it fits, for a slot and for its tokens alike; while it waits, requests of lower tiers are refused
   (:func:`~litellm_ratebalance.overload.shedding.decide`, rule 4), so what drains goes to it. Local releases
-  wake it at once; other replicas' releases are seen at the next ``queue.poll_interval_seconds``.
+  wake it at once; other replicas' releases are seen at the next ``queue.poll_interval_seconds``. The tiers
+  waiting here are published to the store (:func:`~.peers.publish_waiting`), where every replica's lease
+  acquire of a lower tier is refused while they wait.
 * :func:`release`: gives a lease back (also when the task holding it is cancelled).
 
 Store faults follow ``ratebalance.fail_mode``: open admits without a lease, closed refuses with 503.
@@ -25,6 +27,7 @@ from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.overload.shedding import Verdict, store_refusal
 from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState, Lease, Profile, Waiter
 from litellm_ratebalance.proxy.backpressure.metrics import observe_queue_wait, set_gauges
+from litellm_ratebalance.proxy.backpressure.peers import publish_waiting
 from litellm_ratebalance.proxy.backpressure.refusals import MARK, queue_full, queue_timeout, refusal
 from litellm_ratebalance.proxy.runtime import get_runtime
 from litellm_ratebalance.proxy.store_metrics import late_replies
@@ -48,7 +51,7 @@ COMPONENT = "backpressure"
 def gauges(ctx: Context, state: DeploymentState, signals: dict[str, float] | None = None) -> None:
     set_gauges(
         state.deployment_id,
-        limit=state.limit.limit,
+        limit=state.applied_limit,
         inflight=state.inflight,
         queue_depth=len(state.queue),
         signals=signals,
@@ -100,6 +103,8 @@ async def _try_lease(
             ttl_ms=int(ctx.settings.lease_ttl_seconds * 1000),
             cost_tokens=cost,
             token_cap=verdict.lease_token_cap,
+            # below the top tier: refused while a higher tier waits in any replica's queue
+            rank=None if ctx.tiers.is_top(profile.rank) else profile.rank,
             meter=meter.start_mark(state.deployment_id),  # cost: the start mark rides on the acquire
         )
     except StoreError as exc:
@@ -121,7 +126,11 @@ async def _try_lease(
         gauges(ctx, state)
         meter.lease_started(state.deployment_id, lease_id, result.cost)
         return lease
-    fresh = ctx.decide(state, profile, queued=True)
+    if result.refusal is LeaseRefusal.WAITING:
+        # A higher tier waits in another replica's queue: what frees up belongs to it (the policy's rule 4).
+        fresh = ctx.decide(state, profile, queued=True, waiting_elsewhere=profile.rank + 1)
+    else:
+        fresh = ctx.decide(state, profile, queued=True)
     if not fresh.admitted:
         return fresh
     # The store refused on counts our cached view does not show yet (another replica): say what it said.
@@ -183,12 +192,24 @@ async def wait_in_queue(ctx: Context, state: DeploymentState, profile: Profile, 
 async def _dispatch(ctx: Context, state: DeploymentState) -> None:
     """Serve the queue head while anything waits; every turn takes a slot, refuses, or sleeps."""
     poll = ctx.settings.queue.poll_interval_seconds
+    while True:
+        await _serve(ctx, state, poll)
+        # Nothing waits here any more: the other replicas' lower tiers go on (a request queued during this
+        # call is served by the next turn; a cancelled dispatcher's entries lapse after their time-to-live).
+        await publish_waiting(ctx, state)
+        if not len(state.queue):
+            return
+
+
+async def _serve(ctx: Context, state: DeploymentState, poll: float) -> None:
+    """The dispatcher's loop (see :func:`_dispatch`)."""
     while len(state.queue):
         now = ctx.clock()
         for expired in state.queue.expire(now):
             if not expired.item.future.done():
                 waited = now - expired.enqueued_at
                 expired.item.future.set_exception(queue_timeout(ctx, state, expired.item.profile, waited))
+        await publish_waiting(ctx, state)
         entry = state.queue.peek()
         if entry is None:
             break

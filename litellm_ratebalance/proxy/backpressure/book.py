@@ -26,6 +26,7 @@ from typing import Any
 from litellm_ratebalance.overload.config import BackpressureSettings, DeploymentConfig, LimitSettings
 from litellm_ratebalance.overload.limits import GradientLimit, LimitConfig
 from litellm_ratebalance.overload.output import OutputEstimate
+from litellm_ratebalance.overload.peers import Pooled
 from litellm_ratebalance.overload.prompt import PromptScale
 from litellm_ratebalance.overload.queue import FairQueue
 from litellm_ratebalance.overload.reserve import TopDemand
@@ -88,6 +89,7 @@ class DeploymentState:
         "mean_latency",
         "model_group",
         "output",
+        "peers",
         "prompt_scale",
         "queue",
         "reserved_tokens",
@@ -95,6 +97,7 @@ class DeploymentState:
         "signals",
         "top_inflight",
         "typical_cost",
+        "waiting_published",
         "wake",
     )
 
@@ -137,6 +140,17 @@ class DeploymentState:
         """KV-cache tokens that requests of this process finished since that scrape held in its reading."""
         self.signals = SignalUpkeep()
         """The GPU memory floor of its server, the signal report's and the preemption log's bookkeeping."""
+        self.peers = Pooled()
+        """What the other proxy replicas of this deployment published at the last exchange (see
+        ``overload/peers.py``): their lowest limit, answer lengths, top-tier demand."""
+        self.waiting_published: tuple[tuple[int, ...], float] = ((), -math.inf)
+        """The tiers waiting in this process's queue as last published to the store, and when (monotonic)."""
+
+    @property
+    def applied_limit(self) -> int:
+        """The concurrency limit applied: the lowest of this process's learned limit and the other replicas'
+        (every replica caps the shared lease count at the same value)."""
+        return self.peers.limit_with(self.limit.limit)
 
     def scraped(self, now: float) -> None:
         """A metrics scrape answered at ``now``: the memory freed before it is in its reading."""
@@ -267,19 +281,25 @@ class Context:
             freed_tokens=state.freed_tokens,
         )
 
-    def decide(self, state: DeploymentState, profile: Profile, *, queued: bool = False) -> Verdict:
+    def decide(
+        self, state: DeploymentState, profile: Profile, *, queued: bool = False, waiting_elsewhere: int | None = None
+    ) -> Verdict:
         """The policy's verdict for ``profile`` on ``state`` now. ``queued``: the request is the head of the
-        queue (the requests waiting there are not ahead of it)."""
+        queue (the requests waiting there are not ahead of it). ``waiting_elsewhere``: a rank the store says
+        waits in another replica's queue."""
+        waiting = None if queued else state.queue.top_rank()
+        if waiting_elsewhere is not None:
+            waiting = waiting_elsewhere if waiting is None else max(waiting, waiting_elsewhere)
         load = DeploymentLoad(
             server_signals=self.server_signals(state),
             inflight=state.inflight,
-            limit=state.limit.limit,
+            limit=state.applied_limit,
             reserved_tokens=state.reserved_tokens,
             kv_cache_tokens=self.kv_capacity(state),
-            waiting_rank=None if queued else state.queue.top_rank(),
+            waiting_rank=waiting,
             headroom_tokens=math.ceil(state.typical_cost),
             top_reserve=self.top_reserve(state),
-            top_inflight=state.top_inflight,
+            top_inflight=state.top_inflight + state.peers.top_inflight,
         )
         return decide(self.thresholds, profile.rank, self.cost(state, profile), load)
 
@@ -289,7 +309,7 @@ class Context:
         quantile = self.settings.top_reserve_quantile
         if quantile <= 0 or len(self.tiers) <= 1:
             return 0
-        return state.demand.reserve(self.clock(), quantile, state.mean_latency)
+        return state.demand.reserve(self.clock(), quantile, state.mean_latency, state.peers.top_rate)
 
     def queue_depth(self, state: DeploymentState) -> int:
         """Requests waiting for this deployment: in our queue plus inside the server (when scraped)."""

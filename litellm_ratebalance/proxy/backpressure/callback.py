@@ -322,7 +322,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 return None
             return {
                 "x-litellm-queue-depth": str(ctx.queue_depth(state)),
-                "x-litellm-concurrency-limit": str(state.limit.limit),
+                "x-litellm-concurrency-limit": str(state.applied_limit),
             }
         except Exception:
             logger.exception("litellm_ratebalance backpressure: response headers failed")
@@ -358,7 +358,9 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             return {}
         return {
             deployment_id: {
-                "limit": state.limit.limit,
+                "limit": state.applied_limit,
+                "own_limit": state.limit.limit,
+                "peer_replicas": state.peers.replicas,
                 "inflight": state.inflight,
                 "reserved_tokens": state.reserved_tokens,
                 "queue_depth": len(state.queue),
@@ -369,7 +371,7 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
                 "output_estimate_tokens": state.output.estimate(ctx.settings.output_estimate_quantile),
                 "prompt_scale": state.prompt_scale.factor,
                 "top_reserve": ctx.top_reserve(state),
-                "top_inflight": state.top_inflight,
+                "top_inflight": state.top_inflight + state.peers.top_inflight,
                 "signals": ctx.server_signals(state),
                 "server": ctx.board.server(deployment_id),
                 "kv_cache_tokens": ctx.kv_capacity(state),

@@ -1,6 +1,7 @@
 """Backpressure's background step, every ``signals.scrape_interval_seconds`` (one task per process):
 scrape the inference servers' metrics, read NVML, renew this process's leases (every third of their TTL),
-refresh the shared in-flight counts and the gauges, follow the server signals (GPU memory floor,
+refresh the shared in-flight counts and the gauges, exchange the learned limit, answer lengths and top-tier
+demand with the other proxy replicas of each deployment (:mod:`.peers`), follow the server signals (GPU memory floor,
 preemptions, signal health: :mod:`.signals`) and publish their reports for ``status``, and stop
 renewing leases whose request never reported back (``lease_max_age_seconds``). A fresh measurement wakes the
 queues: a KV cache that drained may let the head of a queue in.
@@ -14,6 +15,7 @@ import logging
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.proxy.backpressure.admit import COMPONENT, gauges
 from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState
+from litellm_ratebalance.proxy.backpressure.peers import exchange_peers
 from litellm_ratebalance.proxy.backpressure.signals import follow_signals, publish_reports, scrape_servers
 from litellm_ratebalance.proxy.runtime import get_runtime
 
@@ -63,6 +65,7 @@ async def maintain_once(ctx: Context) -> None:
             runtime.faults.record(COMPONENT, exc, runtime.settings())
             continue
         state.counts(snapshot.inflight, snapshot.reserved_tokens, ctx.clock())
+        await exchange_peers(ctx, state, now)
         follow_signals(ctx, state, now)
         gauges(ctx, state, ctx.server_signals(state))
         if len(state.queue):

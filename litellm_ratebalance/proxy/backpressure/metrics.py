@@ -14,6 +14,7 @@ from litellm_ratebalance import metrics
 
 __all__ = [
     "count_drop",
+    "count_overflow",
     "count_preemptions",
     "count_refusal",
     "observe_queue_wait",
@@ -97,6 +98,15 @@ def set_signal_health(
             "KV-cache capacity of the deployment in tokens (kv_cache_tokens, else what its server exports)",
             ["deployment"],
         ).labels(deployment_id).set(kv_capacity_tokens)
+
+
+def count_overflow(deployment_id: str) -> None:
+    metrics.counter(
+        "backpressure_server_overflows",
+        "Requests the inference server failed for want of GPU / KV-cache memory (an overflow backpressure did "
+        "not prevent)",
+        ["deployment"],
+    ).labels(deployment_id).inc()
 
 
 def count_preemptions(deployment_id: str, count: float) -> None:

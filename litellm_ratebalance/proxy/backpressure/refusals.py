@@ -67,7 +67,7 @@ def refusal(
     needed = verdict.completions_needed + (len(state.queue) if reason is not Reason.MEMORY_PRESSURE else 0)
     retry_after = retry_after_seconds(needed, state.inflight, state.mean_latency, cap=settings.max_retry_after_seconds)
     what = advice(verdict, retry_after, settings.max_retry_after_seconds)
-    limit = state.limit.limit
+    limit = state.applied_limit
     if detail is None:
         detail = _describe(ctx, state, verdict, reason, profile, limit)
     if what == "retry":
@@ -138,7 +138,7 @@ def queue_full(
         profile,
         reason=Reason.QUEUE_OVERFLOW,
         status=503,
-        detail=f"the deployment is full ({state.limit.limit} slots, or its KV cache) and the wait queue is full "
+        detail=f"the deployment is full ({state.applied_limit} slots, or its KV cache) and the wait queue is full "
         f"({state.queue.max_depth} requests)",
         no_router_retry=no_router_retry,
     )
@@ -154,7 +154,7 @@ def queue_timeout(ctx: Context, state: DeploymentState, profile: Profile, waited
         reason=Reason.QUEUE_OVERFLOW,
         status=503,
         detail=f"waited {waited:.1f}s in the queue (queue_max_wait_seconds "
-        f"{state.config.queue_max_wait_seconds:g}) and neither a slot of {state.limit.limit} nor the KV-cache "
+        f"{state.config.queue_max_wait_seconds:g}) and neither a slot of {state.applied_limit} nor the KV-cache "
         "tokens it needs came free",
     )
 

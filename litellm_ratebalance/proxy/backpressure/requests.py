@@ -1,12 +1,15 @@
 """What a request is to backpressure before the call (:func:`profile_of`), and what it teaches after it
 (:func:`learn`): latency per output token for the adaptive limit, the drain rate, the answer size for the
-deployment's output estimate, and the actual tokens for the queue's fairness counters. No I/O.
+deployment's output estimate, and the actual tokens for the queue's fairness counters; a server error that
+says it ran out of memory is an overflow the layer did not prevent (:func:`overflowed`: counted, logged). No
+I/O but the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -15,12 +18,15 @@ from typing import Any
 
 from litellm_ratebalance.identity import metadata_value, resolve_priority
 from litellm_ratebalance.overload.limits import per_token_rtt
+from litellm_ratebalance.overload.signals import is_overflow_error
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState, Lease, Profile
-from litellm_ratebalance.proxy.backpressure.metrics import count_drop
+from litellm_ratebalance.proxy.backpressure.metrics import count_drop, count_overflow
 from litellm_ratebalance.proxy.tokens import prompt_tokens, requested_output_tokens
 
-__all__ = ["is_drop", "learn", "profile_of"]
+__all__ = ["is_drop", "learn", "overflowed", "profile_of"]
+
+logger = logging.getLogger("litellm_ratebalance.backpressure")
 
 _LATENCY_SMOOTHING = 0.2
 _NO_LIMIT = 10**12
@@ -75,6 +81,8 @@ def learn(
         if is_drop(exception):
             state.limit.update(now, 0.0, state.inflight, True)
             count_drop(state.deployment_id)
+            if is_overflow_error(str(exception)):
+                overflowed(state, now)
         return
     ended = end_time.timestamp() if isinstance(end_time, datetime) else time.time()
     latency = max(1e-6, ended - lease.started_wall)
@@ -96,6 +104,31 @@ def learn(
     actual = (prompt or 0) + (output or 0)
     if actual:
         state.queue.charge(lease.profile.client, actual - lease.cost, lease.profile.weight)
+
+
+OVERFLOW_LOG_INTERVAL_SECONDS = 60.0
+"""At most one log line per deployment about its server's out-of-memory failures per interval (the metric
+counts every one)."""
+
+
+def overflowed(state: DeploymentState, now: float) -> None:
+    """The server failed a request for want of memory: an overflow the layer did not prevent. Counted, and
+    logged at most once per :data:`OVERFLOW_LOG_INTERVAL_SECONDS` (with the count since the last line)."""
+    count_overflow(state.deployment_id)
+    count = state.signals.overflows.to_log(1, now, OVERFLOW_LOG_INTERVAL_SECONDS)
+    if count is None:
+        return
+    logger.warning(
+        "litellm_ratebalance backpressure: the server of deployment %s failed %d request%s for want of GPU / "
+        "KV-cache memory (reserved %d tokens in flight over all replicas, %d requests, limit %d); the concurrency "
+        "limit backs off",
+        state.deployment_id,
+        count,
+        "" if count == 1 else "s",
+        state.reserved_tokens,
+        state.inflight,
+        state.applied_limit,
+    )
 
 
 def is_drop(exception: Any) -> bool:

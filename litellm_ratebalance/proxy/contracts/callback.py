@@ -16,8 +16,9 @@ One request's path:
 2. ``async_post_call_response_headers_hook``: ``x-traffic-contract-feature`` / ``-rpm-mode`` /
    ``-tpm-mode`` on the response (rejected ones included).
 3. ``async_log_success_event`` / ``async_log_failure_event`` / ``async_post_call_failure_hook``:
-   reconcile the TPM estimate to the actual usage in a background task (LiteLLM already runs logging
-   off the response path; the task also keeps a slow Redis from holding LiteLLM's logging worker).
+   reconcile the TPM estimate to the actual usage: the amounts join this process's pending reconciles
+   (:mod:`.settles`), sent for all requests of a window together in one store call, in a
+   background task, at most 100 ms later (so a slow Redis never holds LiteLLM's logging worker either).
 
 Store faults: ``fail_open`` (default) serves the request with modes ``unknown`` (the fault is counted
 and logged at most once per ``fault_log_interval_seconds``); ``fail_open: false`` answers 503. Nothing
@@ -27,10 +28,10 @@ else this adapter raises reaches a client: unexpected errors are logged and the 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ from litellm_ratebalance.contracts.policy import (
 )
 from litellm_ratebalance.errors import ConfigurationError, StoreError
 from litellm_ratebalance.proxy import _litellm
+from litellm_ratebalance.proxy.contracts.settles import ContractSettleQueue, Deltas
 from litellm_ratebalance.proxy.request_state import find_entry, stored_headers
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 from litellm_ratebalance.proxy.store_metrics import late_replies
@@ -171,6 +173,9 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
         self._sleep = sleep
         self._derived: _Derived | None = None
         self._tickets: OrderedDict[str, _Ticket] = OrderedDict()
+        # Ticket ids only need to be unique in this process (the tickets live here), not random.
+        self._ticket_ids = itertools.count()
+        self._settles = ContractSettleQueue(self._send_settles)
         self._tasks: set[asyncio.Task[None]] = set()
         self._requests = metrics.counter(
             "traffic_contract_requests",
@@ -195,6 +200,12 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
         )
         self._latency = metrics.hook_latency()
         self._late_replies = late_replies()
+        # Labelled children of the per-request series, looked up once each (a label lookup costs about as
+        # much as the rest of the hook's own bookkeeping); bounded by features x model groups x modes.
+        self._pre_call_latency = self._latency.labels(COMPONENT, "pre_call")
+        self._log_success_latency = self._latency.labels(COMPONENT, "log_success")
+        self._request_counters: dict[tuple[str, str, str, str], Any] = {}
+        self._usage_gauges: dict[str, tuple[Any, Any]] = {}
 
     def _runtime(self) -> Runtime:
         return self._own_runtime if self._own_runtime is not None else get_runtime()
@@ -230,7 +241,7 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
         except Exception:
             logger.exception("litellm_ratebalance traffic_contracts: pre-call check failed; request served")
         finally:
-            self._latency.labels(COMPONENT, "pre_call").observe(time.perf_counter() - started)
+            self._pre_call_latency.observe(time.perf_counter() - started)
         return None
 
     async def async_post_call_response_headers_hook(
@@ -253,11 +264,12 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
             if ticket is not None:
                 used = actual_tokens(usage_of(kwargs, response_obj), "total")
                 # No usage reported (some streams): the estimate stands as the request's usage.
-                self._spawn(self._settle(ticket, ticket.held_tokens, ticket.held_tokens if used is None else used))
+                held = ticket.held_tokens
+                self._settles.add(ticket.window_start, ticket.feature, held, held if used is None else used)
         except Exception:
             logger.exception("litellm_ratebalance traffic_contracts: reconciling usage failed")
         finally:
-            self._latency.labels(COMPONENT, "log_success").observe(time.perf_counter() - started)
+            self._log_success_latency.observe(time.perf_counter() - started)
 
     async def async_log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
@@ -279,8 +291,9 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
         return None
 
     async def drain(self) -> None:
-        """Wait for the background reconciles started so far (tests, graceful shutdown)."""
-        while self._tasks:
+        """Send the pending reconciles now and wait for them (tests, graceful shutdown)."""
+        while self._settles or self._tasks:
+            self._settles.flush_now()
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     # -- pre-call ---------------------------------------------------------------------------------------
@@ -321,11 +334,11 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
                 late.add_done_callback(lambda _: self._late_admission(late, feature, estimate, served=served))
             if not served:
                 raise runtime.faults.unavailable(COMPONENT) from None
-            self._requests.labels(feature, model, UNKNOWN_MODE, UNKNOWN_MODE).inc()
+            self._count_request(feature, model, UNKNOWN_MODE, UNKNOWN_MODE)
             _annotate(data, feature, UNKNOWN_MODE, UNKNOWN_MODE)
             return
         rpm_mode, tpm_mode = admission.rpm_mode.label, admission.tpm_mode.label
-        self._requests.labels(feature, model, rpm_mode, tpm_mode).inc()
+        self._count_request(feature, model, rpm_mode, tpm_mode)
         self._record_usage(feature, admission)
         headers = _annotate(data, feature, rpm_mode, tpm_mode)
         action = action_for(admission.mode, derived.actions)
@@ -366,14 +379,32 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
         self._late_replies.labels(COMPONENT, "answered" if answered else "lost").inc()
         admission = late.result() if answered else None
         if admission is not None and admission.counted and estimate > 0:
-            ticket = _Ticket(feature, admission.window_start, estimate, 0.0)
-            self._spawn(self._settle(ticket, estimate, estimate if served else 0))
+            self._settles.add(admission.window_start, feature, estimate, estimate if served else 0)
+
+    def _count_request(self, feature: str, model: str, rpm_mode: str, tpm_mode: str) -> None:
+        key = (feature, model, rpm_mode, tpm_mode)
+        counter = self._request_counters.get(key)
+        if counter is None:
+            counter = self._request_counters[key] = self._requests.labels(*key)
+        counter.inc()
+
+    def _usage_of(self, feature: str) -> tuple[Any, Any]:
+        """The (rpm, tpm) usage gauges of a feature or the basket."""
+        found = self._usage_gauges.get(feature)
+        if found is None:
+            found = self._usage_gauges[feature] = (
+                self._usage.labels(feature, "rpm"),
+                self._usage.labels(feature, "tpm"),
+            )
+        return found
 
     def _record_usage(self, feature: str, admission: ContractAdmission) -> None:
-        self._usage.labels(feature, "rpm").set(admission.feature_requests)
-        self._usage.labels(BASKET_FIELD, "rpm").set(admission.basket_requests)
-        self._usage.labels(feature, "tpm").set(admission.feature_tokens)
-        self._usage.labels(BASKET_FIELD, "tpm").set(admission.basket_tokens)
+        feature_rpm, feature_tpm = self._usage_of(feature)
+        basket_rpm, basket_tpm = self._usage_of(BASKET_FIELD)
+        feature_rpm.set(admission.feature_requests)
+        basket_rpm.set(admission.basket_requests)
+        feature_tpm.set(admission.feature_tokens)
+        basket_tpm.set(admission.basket_tokens)
 
     # -- tickets and reconcile --------------------------------------------------------------------------
     def _remember(
@@ -390,7 +421,7 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
         # that never report back cannot grow this map.
         while tickets and (len(tickets) >= _MAX_OPEN_TICKETS or next(iter(tickets.values())).expires_at < now):
             tickets.popitem(last=False)
-        ticket_id = uuid.uuid4().hex
+        ticket_id = str(next(self._ticket_ids))
         tickets[ticket_id] = _Ticket(feature, admission.window_start, estimate, now + contracts.counter_ttl_seconds)
         entry = find_entry(data, ENTRY_KEY)
         if entry is not None:
@@ -404,7 +435,7 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
             if ticket is None or ticket.held_tokens == 0:
                 return
             held, ticket.held_tokens = ticket.held_tokens, 0
-            self._spawn(self._settle(ticket, held, 0))
+            self._settles.add(ticket.window_start, ticket.feature, held, 0)
         except Exception:
             logger.exception("litellm_ratebalance traffic_contracts: releasing an estimate failed")
 
@@ -417,12 +448,13 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _settle(self, ticket: _Ticket, release: int, actual: int) -> None:
-        if release == 0 and actual == 0:
-            return
+    def _send_settles(self, window_start: int, deltas: Deltas) -> None:
+        self._spawn(self._settle(window_start, deltas))
+
+    async def _settle(self, window_start: int, deltas: Deltas) -> None:
         runtime = self._runtime()
         try:
-            settled = await runtime.store().contract_settle(ticket.feature, ticket.window_start, release, actual)
+            settled = await runtime.store().contract_settle_many(window_start, deltas)
         except StoreError as exc:
             # After the call there is nothing left to refuse: the fault is only counted and logged.
             runtime.faults.record(COMPONENT, exc, self._config().fault_settings)
@@ -431,8 +463,9 @@ class TrafficContractsCallback(CustomLogger):  # type: ignore[misc]
             logger.exception("litellm_ratebalance traffic_contracts: reconciling usage failed")
             return
         if settled.applied:
-            self._usage.labels(ticket.feature, "tpm").set(settled.feature_tokens)
-            self._usage.labels(BASKET_FIELD, "tpm").set(settled.basket_tokens)
+            for feature, tokens in settled.feature_tokens.items():
+                self._usage_of(feature)[1].set(tokens)
+            self._usage_of(BASKET_FIELD)[1].set(settled.basket_tokens)
 
 
 # -- request data helpers ---------------------------------------------------------------------------------
