@@ -1,5 +1,5 @@
 -- _waiting: the highest tier waiting for a deployment in any replica (see waiting_publish.lua); included in
--- concurrency_acquire at its "--#include _waiting" line, never run alone. The embedded store's copy:
+-- concurrency_acquire and waiting_publish at their "--#include _waiting" line, never run alone. The embedded store's copy:
 -- litellm_ratebalance/store/peers.py (MemoryPeerStore).
 --
 -- highest_waiting(waiting, now)

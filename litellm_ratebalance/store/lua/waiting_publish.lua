@@ -11,6 +11,7 @@
 -- ARGV[2]  time-to-live of the entries, ms (> 0)
 -- ARGV[3..] the ranks (tiers, 0 = lowest) with requests waiting in that replica now; none: it waits for none
 -- Returns  the highest rank waiting in any replica after the update, -1 when none
+--#include _waiting
 
 local waiting = KEYS[1]
 local replica = ARGV[1]
@@ -28,9 +29,4 @@ for i = 3, #ARGV do
 end
 if #ARGV >= 3 then redis.call('PEXPIRE', waiting, 2 * ttl) end
 
-local highest = -1
-for _, member in ipairs(redis.call('ZRANGE', waiting, 0, -1)) do
-  local rank = tonumber(string.match(member, '^(%d+):'))
-  if rank and rank > highest then highest = rank end
-end
-return highest
+return highest_waiting(waiting, now)
