@@ -11,7 +11,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PYTHONUNBUFFERED := 1
 
 .PHONY: install test test-faults test-compat lock test-compiled bench-compiled compiled lint demo bench redis-server wheel-smoke clean \
-  bench-admission bench-bursts bench-routing bench-backpressure bench-cost bench-overhead
+  bench-admission bench-bursts bench-routing bench-backpressure bench-cost bench-overhead bench-replicas
 
 # LiteLLM's [proxy] extra, taken apart: from 1.109 it requires `litellm-proxy`, which this package index lacks,
 # and pins `litellm-enterprise` and `litellm-proxy-extras` releases newer than the index has (1.110.2 asks
@@ -155,6 +155,8 @@ bench-backpressure: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_backpressure.py --seed 7
 bench-cost: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_cost.py
+bench-replicas: $(STAMP) redis-server
+	for n in 1 2 3; do PYTHONPATH=. $(PY) bench/bench_backpressure.py --profile kv --replicas $$n --seed 7 || exit 1; done
 bench-overhead: $(STAMP) redis-server
 	PYTHONPATH=. $(PY) bench/bench_proxy_overhead.py --rounds 4 --seconds 8
 
