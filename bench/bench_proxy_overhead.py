@@ -86,6 +86,7 @@ from litellm_ratebalance.simulate.mock_openai import (  # noqa: E402
 )
 
 AUTH_FILE = Path(__file__).with_name("overhead_auth.py")
+NOOP_FILE = Path(__file__).with_name("overhead_noop.py")
 MODEL_GROUP = "chat"
 DEPLOYMENTS = ("m1", "m2", "m3")
 KEYS = tuple(DEMO_KEYS)
@@ -106,6 +107,7 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     "balancer": (BALANCER,),
     "contracts": (CONTRACTS,),
     "limiter+balancer+contracts": (LIMITER, CONTRACTS, BALANCER),
+    "noop": ("overhead_noop.noop_limiter", "overhead_noop.noop_contracts", "overhead_noop.noop_balancer"),
     "all": (LIMITER, CONTRACTS, BACKPRESSURE, BALANCER, COST),
 }
 OURS = frozenset(
@@ -336,7 +338,7 @@ def start_proxies(
         process = ProxyProcess(
             proxy_config(CONFIGS[base], api_bases, redis_port),
             folder,
-            files={AUTH_FILE.name: AUTH_FILE.read_text()},
+            files={AUTH_FILE.name: AUTH_FILE.read_text(), NOOP_FILE.name: NOOP_FILE.read_text()},
             env=env,
         )
         proxies[name] = Proxy(name, process)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -177,21 +177,19 @@ async def test_tpm_holds_under_concurrency_within_estimation_error(redis_server:
 
 
 def test_prompt_tokens_are_counted_once_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    import litellm
-
-    from litellm_ratebalance.proxy.tokens import estimate_tokens
+    from litellm_ratebalance.proxy import tokens
 
     calls = []
-    real = litellm.token_counter
+    real = tokens._count_prompt_tokens
 
-    def counting(*args: object, **kwargs: object) -> int:
+    def counting(model: str, data: Any) -> int:
         calls.append(1)
-        return int(real(*args, **kwargs))  # type: ignore[arg-type]
+        return real(model, data)
 
-    monkeypatch.setattr(litellm, "token_counter", counting)
+    monkeypatch.setattr(tokens, "_count_prompt_tokens", counting)
     data = request(max_tokens=7, content="hello there")
-    first = estimate_tokens("m", data, "total", 0, 100)
-    second = estimate_tokens("m", data, "input", 0, 100)
+    first = tokens.estimate_tokens("m", data, "total", 0, 100)
+    second = tokens.estimate_tokens("m", data, "input", 0, 100)
     assert len(calls) == 1 and first == second + 7 and second > 0
 
 
