@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -394,6 +395,60 @@ async def measure(
     return Measurement(proxy.name, round_, args.seconds, ok, failed, cpu, latencies)
 
 
+async def measure_together(
+    proxies: dict[str, Proxy], names: Sequence[str], args: argparse.Namespace, round_: int
+) -> list[Measurement]:
+    """One round of ``--together``: every proxy under its own ``args.clients`` clients at the same time, each
+    load from a driver process of its own (one Python process could not drive them all without becoming the
+    bottleneck). Whatever else slows the machine in that round slows every configuration alike."""
+    for name in names:
+        proxies[name].resume()
+    try:
+        drivers = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                __file__,
+                "--drive",
+                proxies[name].process.base_url,
+                "--drive-pgid",
+                str(proxies[name].pid),
+                "--clients",
+                str(args.clients),
+                "--warmup",
+                str(args.warmup),
+                "--seconds",
+                str(args.seconds),
+                "--seed",
+                str(args.seed),
+                stdout=asyncio.subprocess.PIPE,
+            )
+            for name in names
+        ]
+        outputs = await asyncio.gather(*(driver.communicate() for driver in drivers))
+        await asyncio.sleep(1.0)  # background work after the last answers, as in measure()
+    finally:
+        if args.pause_idle:
+            for name in names:
+                proxies[name].pause()
+    results = []
+    for name, (stdout, _) in zip(names, outputs, strict=True):
+        line = json.loads(stdout.decode().strip().splitlines()[-1])
+        results.append(
+            Measurement(name, round_, args.seconds, line["ok"], Counter(line["failed"]), line["cpu"], line["latencies"])
+        )
+    return results
+
+
+def drive(args: argparse.Namespace) -> int:
+    """``--drive URL``: the load of one proxy for ``--together``; prints one JSON line."""
+    bodies = request_bodies(args.seed)
+    ok, failed, cpu, latencies = asyncio.run(
+        closed_loop(args.drive, bodies, args.clients, args.warmup, args.seconds, args.drive_pgid)
+    )
+    print(json.dumps({"ok": ok, "failed": dict(failed), "cpu": cpu, "latencies": latencies}))
+    return 0
+
+
 def summarise(names: Sequence[str], results: list[Measurement]) -> list[str]:
     """The table: per configuration the median over rounds, and each round's figure over the bare proxy's of the
     same round (requests/s; and bare CPU per request over this configuration's, the throughput the CPU alone
@@ -460,6 +515,13 @@ async def measure_rounds(
     print(f"load average before: {loadavg()}")
     results = []
     for round_ in range(args.rounds):
+        if args.together:
+            for m in await measure_together(proxies, names, args, round_):
+                results.append(m)
+                print(
+                    f"round {round_ + 1} {m.config:<34} {m.rps:7.1f} req/s  {m.cpu_ms_per_request:5.2f} CPU ms/request"
+                )
+            continue
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
             m = await measure(proxies[name], bodies, args, round_, args.pause_idle)
@@ -631,7 +693,17 @@ def main(argv: Sequence[str]) -> int:
         help="after the rounds, this many seconds of py-spy on each proxy with our callbacks, under the same load: "
         "the share of its busy samples inside our hooks (needs py-spy: pip install py-spy)",
     )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="load every configuration at the same time in each round, each from its own driver process "
+        "(compare by CPU per request: the proxies share the machine's cores)",
+    )
+    parser.add_argument("--drive", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--drive-pgid", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.drive is not None:
+        return drive(args)
     names, trees = configurations(args)
     return asyncio.run(run(args, names, trees))
 
