@@ -22,7 +22,13 @@ Set-up (everything on loopback, started by this script):
 Configurations: ``bare`` (no callback), ``litellm-v3`` (``dynamic_rate_limiter_v3`` with the same
 ``priority_reservation`` as ours), ``limiter``, ``balancer``, ``contracts``, ``limiter+balancer+contracts`` and
 ``all`` (those three with ``backpressure`` and ``cost``, in ``example_config.yaml``'s order; backpressure manages
-no deployment of this API model group, cost charges LiteLLM's response cost).
+no deployment of this API model group, cost charges LiteLLM's response cost), and ``noop`` (three callbacks with
+the hooks of our limiter, contracts and balancer that do nothing, ``bench/overhead_noop.py``: what LiteLLM's own
+calling of such callbacks costs, before any of our work).
+
+Each configuration runs in ``--instances`` proxy processes (default 2) that take the rounds in turn: one process
+can run 10-20 % slower than another with the same code and config for its whole life (memory layout), which one
+process per configuration would pin on the configuration.
 
 Rounds: after one warm-up pass over every proxy, each round measures every configuration once (the order rotates
 from round to round), ``--warmup`` seconds of load, then ``--seconds`` counted. A configuration's ratio in a
@@ -53,7 +59,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -325,24 +330,35 @@ def loadavg() -> str:
         return "n/a"
 
 
+def instance_key(name: str, index: int) -> str:
+    """The key of a configuration's ``index``-th proxy process in the dict :func:`start_proxies` returns."""
+    return f"{name} #{index}"
+
+
 def start_proxies(
-    names: Sequence[str], trees: dict[str, Path], api_bases: dict[str, str], redis_port: int, workdir: Path
+    names: Sequence[str],
+    trees: dict[str, Path],
+    api_bases: dict[str, str],
+    redis_port: int,
+    workdir: Path,
+    instances: int = 1,
 ) -> dict[str, Proxy]:
+    """``instances`` proxy processes per configuration, keyed by :func:`instance_key`."""
     proxies: dict[str, Proxy] = {}
-    for name in names:
+    for name, index in ((name, index) for name in names for index in range(instances)):
         base = name.split(" @", 1)[0]
         # The checkout the proxy imports our package from (ahead of the venv's install), and quiet logs.
         env = {"PYTHONPATH": str(trees[name]), "LITELLM_LOG": "ERROR"}
         if "dynamic_rate_limiter_v3" in CONFIGS[base]:
             env["RATEBALANCE_BENCH_LITELLM_LICENSE"] = "1"
-        folder = workdir / name.replace(" @", "-at-").replace("+", "-")
+        folder = workdir / f"{name.replace(' @', '-at-').replace('+', '-')}-{index}"
         process = ProxyProcess(
             proxy_config(CONFIGS[base], api_bases, redis_port),
             folder,
             files={AUTH_FILE.name: AUTH_FILE.read_text(), NOOP_FILE.name: NOOP_FILE.read_text()},
             env=env,
         )
-        proxies[name] = Proxy(name, process)
+        proxies[instance_key(name, index)] = Proxy(name, process)
     for proxy in proxies.values():
         proxy.process.launch()
     try:
@@ -393,60 +409,6 @@ async def measure(
         if pause_idle:
             proxy.pause()
     return Measurement(proxy.name, round_, args.seconds, ok, failed, cpu, latencies)
-
-
-async def measure_together(
-    proxies: dict[str, Proxy], names: Sequence[str], args: argparse.Namespace, round_: int
-) -> list[Measurement]:
-    """One round of ``--together``: every proxy under its own ``args.clients`` clients at the same time, each
-    load from a driver process of its own (one Python process could not drive them all without becoming the
-    bottleneck). Whatever else slows the machine in that round slows every configuration alike."""
-    for name in names:
-        proxies[name].resume()
-    try:
-        drivers = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                __file__,
-                "--drive",
-                proxies[name].process.base_url,
-                "--drive-pgid",
-                str(proxies[name].pid),
-                "--clients",
-                str(args.clients),
-                "--warmup",
-                str(args.warmup),
-                "--seconds",
-                str(args.seconds),
-                "--seed",
-                str(args.seed),
-                stdout=asyncio.subprocess.PIPE,
-            )
-            for name in names
-        ]
-        outputs = await asyncio.gather(*(driver.communicate() for driver in drivers))
-        await asyncio.sleep(1.0)  # background work after the last answers, as in measure()
-    finally:
-        if args.pause_idle:
-            for name in names:
-                proxies[name].pause()
-    results = []
-    for name, (stdout, _) in zip(names, outputs, strict=True):
-        line = json.loads(stdout.decode().strip().splitlines()[-1])
-        results.append(
-            Measurement(name, round_, args.seconds, line["ok"], Counter(line["failed"]), line["cpu"], line["latencies"])
-        )
-    return results
-
-
-def drive(args: argparse.Namespace) -> int:
-    """``--drive URL``: the load of one proxy for ``--together``; prints one JSON line."""
-    bodies = request_bodies(args.seed)
-    ok, failed, cpu, latencies = asyncio.run(
-        closed_loop(args.drive, bodies, args.clients, args.warmup, args.seconds, args.drive_pgid)
-    )
-    print(json.dumps({"ok": ok, "failed": dict(failed), "cpu": cpu, "latencies": latencies}))
-    return 0
 
 
 def summarise(names: Sequence[str], results: list[Measurement]) -> list[str]:
@@ -515,16 +477,10 @@ async def measure_rounds(
     print(f"load average before: {loadavg()}")
     results = []
     for round_ in range(args.rounds):
-        if args.together:
-            for m in await measure_together(proxies, names, args, round_):
-                results.append(m)
-                print(
-                    f"round {round_ + 1} {m.config:<34} {m.rps:7.1f} req/s  {m.cpu_ms_per_request:5.2f} CPU ms/request"
-                )
-            continue
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
-            m = await measure(proxies[name], bodies, args, round_, args.pause_idle)
+            proxy = proxies[instance_key(name, round_ % args.instances)]
+            m = await measure(proxy, bodies, args, round_, args.pause_idle)
             results.append(m)
             extra = f", failed {dict(m.failed)}" if m.failed else ""
             print(
@@ -644,7 +600,7 @@ async def run(args: argparse.Namespace, names: list[str], trees: dict[str, Path]
             async with MockClusterProcess(specs) as cluster:
                 started = time.monotonic()
                 proxies = await asyncio.to_thread(
-                    start_proxies, names, trees, cluster.api_bases, redis_server.port, workdir
+                    start_proxies, names, trees, cluster.api_bases, redis_server.port, workdir, args.instances
                 )
                 print(f"{len(proxies)} proxies live after {time.monotonic() - started:.0f} s")
                 try:
@@ -659,7 +615,7 @@ async def run(args: argparse.Namespace, names: list[str], trees: dict[str, Path]
                         )
                         for name in names:
                             if name.split(" @", 1)[0] != "bare":
-                                print(await profile(proxies[name], bodies, args, workdir), flush=True)
+                                print(await profile(proxies[instance_key(name, 0)], bodies, args, workdir), flush=True)
                     for line in log_problems(proxies):
                         print(f"warning: {line}")
                 finally:
@@ -694,16 +650,16 @@ def main(argv: Sequence[str]) -> int:
         "the share of its busy samples inside our hooks (needs py-spy: pip install py-spy)",
     )
     parser.add_argument(
-        "--together",
-        action="store_true",
-        help="load every configuration at the same time in each round, each from its own driver process "
-        "(compare by CPU per request: the proxies share the machine's cores)",
+        "--instances",
+        type=int,
+        default=2,
+        help="proxy processes per configuration, taking the rounds in turn: one process can run a steady 10-20 %% "
+        "slower or faster than another with identical code and config for its whole life, so one per "
+        "configuration would pin that on the configuration",
     )
-    parser.add_argument("--drive", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--drive-pgid", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.drive is not None:
-        return drive(args)
+    if args.instances < 1:
+        parser.error("--instances: at least 1")
     names, trees = configurations(args)
     return asyncio.run(run(args, names, trees))
 

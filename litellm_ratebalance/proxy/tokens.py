@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 __all__ = ["estimate_tokens", "message_text_chars", "requested_output_tokens"]
@@ -55,11 +55,7 @@ _PROMPT_TOKENS_KEY = "ratebalance_prompt_tokens"
 
 
 def prompt_tokens(model: str, data: Mapping[str, Any]) -> int:
-    """Input tokens as LiteLLM's token counter counts them (chat messages, a text prompt or embedding input).
-
-    Plain-text chat is counted here with the same encoding and message framing, each string whole (LiteLLM
-    encodes long strings in 1,024-character pieces, a few tokens more on a long prompt); anything else
-    (images, files, tool calls, Hugging Face tokenizers) goes through LiteLLM's counter.
+    """Input tokens by LiteLLM's token counter (chat messages, a text prompt or embedding input).
 
     The count is cached in the request's metadata: every part that needs it in one request's pre-call
     hooks pays for tokenising once.
@@ -86,86 +82,18 @@ def _tokenizer(model: str) -> Any:
     return select_tokenizer(model)
 
 
-@functools.lru_cache(maxsize=256)
-def _string_counter(model: str) -> Callable[[str], int] | None:
-    """Tokens of one string in the tiktoken encoding LiteLLM's counter uses for ``model``; ``None`` when that
-    tokenizer is not a tiktoken encoding (a Hugging Face one): such models are counted by LiteLLM alone.
-
-    The encoding is chosen once per model name, where LiteLLM's counter chooses it again on every call (that
-    choice cost about as much as encoding a 1,000-character prompt)."""
-    tokenizer = _tokenizer(model)
-    if not isinstance(tokenizer, Mapping) or tokenizer.get("type") != "openai_tokenizer":
-        return None
-    try:
-        from litellm.litellm_core_utils.token_counter import openai_tokenizer_encoding
-
-        encode = openai_tokenizer_encoding(model).encode_ordinary
-    except (ImportError, AttributeError):  # another LiteLLM layout: its own counter then
-        return None
-
-    def count(text: str) -> int:
-        return len(encode(text))
-
-    return count
-
-
-_TOKENS_PER_MESSAGE = 3
-"""OpenAI's chat accounting, which LiteLLM's counter applies: each message adds 3 tokens of framing, a
-``name`` one more, and the reply is primed with 3."""
-_TOKENS_PER_NAME = 1
-_REPLY_PRIMING = 3
-
-
-def _plain_chat_tokens(count: Callable[[str], int], messages: list[Any]) -> int | None:
-    """The prompt of plain-text chat messages (string values, text parts), counted as LiteLLM's counter
-    counts them (every string field of a message, the role included, plus the framing above); ``None`` when a
-    message holds anything else (images, files, tool calls), which only LiteLLM's counter prices."""
-    total = _REPLY_PRIMING
-    for message in messages:
-        if type(message) is not dict:
-            return None
-        total += _TOKENS_PER_MESSAGE
-        for key, value in message.items():
-            if isinstance(value, str):
-                total += count(value)
-                if key == "name":
-                    total += _TOKENS_PER_NAME
-            elif value is None:
-                continue
-            elif key == "content" and isinstance(value, list):
-                for part in value:
-                    if isinstance(part, str):
-                        total += count(part)
-                    elif type(part) is dict and part.get("type") == "text":
-                        total += count(str(part.get("text", "")))
-                    else:
-                        return None
-            elif key in _PRICED_FIELDS:
-                return None
-    return total
-
-
-_PRICED_FIELDS = frozenset({"tool_calls", "function_call", "search_results", "content"})
-"""Message fields with a non-string value that LiteLLM's counter prices (any other such field it skips)."""
-
-
 def _count_prompt_tokens(model: str, data: Mapping[str, Any]) -> int:
     import litellm
 
     try:
+        tokenizer = _tokenizer(model)
         messages = data.get("messages")
         if isinstance(messages, list):
-            count = _string_counter(model)
-            plain = (
-                _plain_chat_tokens(count, messages) if count is not None and not litellm.disable_token_counter else None
-            )
-            if plain is not None:
-                return plain
-            return int(litellm.token_counter(model=model, messages=messages, custom_tokenizer=_tokenizer(model)))
+            return int(litellm.token_counter(model=model, messages=messages, custom_tokenizer=tokenizer))
         for name in ("prompt", "input"):
             text = data.get(name)
             if isinstance(text, str) or (isinstance(text, list) and all(isinstance(item, str) for item in text)):
-                return int(litellm.token_counter(model=model, text=text, custom_tokenizer=_tokenizer(model)))
+                return int(litellm.token_counter(model=model, text=text, custom_tokenizer=tokenizer))
     except Exception as exc:  # an unusual payload must not fail the request; reserve output only
         logger.debug("litellm_ratebalance: token counting failed (%s); reserving output tokens only", exc)
     return 0

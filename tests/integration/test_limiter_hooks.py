@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
@@ -177,19 +177,21 @@ async def test_tpm_holds_under_concurrency_within_estimation_error(redis_server:
 
 
 def test_prompt_tokens_are_counted_once_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    from litellm_ratebalance.proxy import tokens
+    import litellm
+
+    from litellm_ratebalance.proxy.tokens import estimate_tokens
 
     calls = []
-    real = tokens._count_prompt_tokens
+    real = litellm.token_counter
 
-    def counting(model: str, data: Any) -> int:
+    def counting(*args: object, **kwargs: object) -> int:
         calls.append(1)
-        return real(model, data)
+        return int(real(*args, **kwargs))  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tokens, "_count_prompt_tokens", counting)
+    monkeypatch.setattr(litellm, "token_counter", counting)
     data = request(max_tokens=7, content="hello there")
-    first = tokens.estimate_tokens("m", data, "total", 0, 100)
-    second = tokens.estimate_tokens("m", data, "input", 0, 100)
+    first = estimate_tokens("m", data, "total", 0, 100)
+    second = estimate_tokens("m", data, "input", 0, 100)
     assert len(calls) == 1 and first == second + 7 and second > 0
 
 
