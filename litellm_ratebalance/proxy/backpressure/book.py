@@ -33,6 +33,7 @@ from litellm_ratebalance.overload.reserve import TopDemand
 from litellm_ratebalance.overload.servers import PREALLOCATING
 from litellm_ratebalance.overload.shedding import DeploymentLoad, Tiers, TierThresholds, Verdict, decide
 from litellm_ratebalance.overload.signals import SignalBoard, SignalUpkeep, held_at_scrape, server_signals
+from litellm_ratebalance.proxy.backpressure.trace import Trace
 
 __all__ = ["BackpressureProcess", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
 
@@ -197,6 +198,8 @@ class Context:
     last_renew: float = -math.inf
     owner: Any = None
     """The callback instance whose hooks built this context (its probe, fetcher and clock are used)."""
+    trace: Trace = field(default_factory=lambda: Trace(None))
+    """The debug trace of admission decisions (off unless its environment variable names a file)."""
     thresholds: TierThresholds = field(init=False)
 
     def __post_init__(self) -> None:
