@@ -8,8 +8,9 @@
   until it fits, for a slot and for its tokens alike; while it waits, requests of lower tiers are refused
   (:func:`~litellm_ratebalance.overload.shedding.decide`, rule 4), so what drains goes to it. Local releases
   wake it at once; other replicas' releases are seen at the next ``queue.poll_interval_seconds``. The tiers
-  waiting here are published to the store (:func:`~.peers.publish_waiting`), where every replica's lease
-  acquire of a lower tier is refused while they wait.
+  waiting here are published to the store (:func:`~.peers.publish_waiting`, by each request as it joins the
+  queue and by the dispatcher), where every replica's lease acquire of a lower tier is refused while they
+  wait.
 * :func:`release`: gives a lease back (also when the task holding it is cancelled).
 
 Store faults follow ``ratebalance.fail_mode``: open admits without a lease, closed refuses with 503.
@@ -179,6 +180,10 @@ async def wait_in_queue(ctx: Context, state: DeploymentState, profile: Profile, 
     state.wake.set()
     started = ctx.clock()
     try:
+        # Tell the other replicas at once that this tier waits: the dispatcher publishes it too, on its first
+        # turn, but that turn comes only when this event loop gets to it, over a second late in a burst of
+        # requests, and meanwhile another replica's lower tier would take what frees up.
+        await publish_waiting(ctx, state)
         # The dispatcher resolves the future (lease, or a refusal) or expires it at its deadline;
         # the extra second only guards against a dispatcher that died.
         return await asyncio.wait_for(asyncio.shield(waiter.future), max_wait + 1.0)

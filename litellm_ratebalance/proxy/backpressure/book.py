@@ -92,6 +92,7 @@ class DeploymentState:
         "output",
         "peers",
         "prompt_scale",
+        "publish_lock",
         "queue",
         "reserved_tokens",
         "scraped_at",
@@ -145,6 +146,8 @@ class DeploymentState:
         """What the other proxy replicas of this deployment published at the last exchange (see
         ``overload/peers.py``): their lowest limit, answer lengths, top-tier demand."""
         self.waiting_published: tuple[tuple[int, ...], float] = ((), -math.inf)
+        self.publish_lock = asyncio.Lock()
+        """Publications of the waiting tiers go one at a time (see ``peers.publish_waiting``)."""
         """The tiers waiting in this process's queue as last published to the store, and when (monotonic)."""
 
     @property
