@@ -16,10 +16,10 @@ once (a third of each without ``max_tokens``), then lower-tier requests to the s
 * the top tier waited in the first replica's queue, and lower-tier requests reached the second replica (whose
   own queue stays empty) meanwhile;
 * the second replica took no lower-tier lease while a top-tier request had been waiting in the first for
-  more than 0.5 s (the first replica publishes its waiting tier as its dispatcher starts; the margin covers
-  that step and the event loops of a loaded machine). Without the store's record of the waiting tiers, a
-  lower-tier request arriving at the second replica just after a release there would take the memory the
-  first replica's queue head waits for (that replica sees other replicas' releases at its next poll).
+  more than 0.25 s (each request publishes its tier to the store as it joins the queue; the margin covers
+  that store call and the trace's own timing on a loaded machine). When only the queue's dispatcher published
+  it, its first turn came 1.2 s after the first top-tier request queued in this burst, and the second replica
+  admitted a lower-tier request 0.41 s after it had started to wait.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.slow]
 PREFIX = "e2e-bp-burst"
 SERVER = ServerSpec(knee=12, step_seconds=0.02, max_num_seqs=64, memory_tokens=3000, answer_tokens=(50, 300))
 WORDS = ("the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was", "one")
-PUBLISH_MARGIN_SECONDS = 0.5
+PUBLISH_MARGIN_SECONDS = 0.25
 
 
 @pytest.fixture(scope="module")
