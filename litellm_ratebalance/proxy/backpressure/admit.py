@@ -134,7 +134,7 @@ async def _try_lease(
             ctx.trace.event("lease", ctx, state, profile, call_id, lease=lease_id, cost=cost, how=how)
         return lease
     if ctx.trace.enabled:
-        ctx.trace.event("store_refused", ctx, state, profile, call_id, cost=cost, refusal=str(result.refusal))
+        ctx.trace.event("store_refused", ctx, state, profile, call_id, cost=cost, refusal=result.refusal.name.lower())
     if result.refusal is LeaseRefusal.WAITING:
         # A higher tier waits in another replica's queue: what frees up belongs to it (the policy's rule 4).
         fresh = ctx.decide(state, profile, queued=True, waiting_elsewhere=profile.rank + 1)
