@@ -25,6 +25,7 @@ import httpx
 
 from litellm_ratebalance.demo.proxy_process import ProxyProcess
 from litellm_ratebalance.demo.services import LocalRedis
+from litellm_ratebalance.proxy.backpressure.trace import TRACE_ENV
 
 __all__ = ["KEYS", "Replicas", "send_http"]
 
@@ -68,8 +69,13 @@ def config(api_base: str, metrics_url: str, kv_cache_tokens: int, redis_url: str
 class Replicas:
     """``async with Replicas(n, api_base, metrics_url, kv) as replicas``: a redis-server and ``n`` proxies."""
 
-    def __init__(self, n: int, api_base: str, metrics_url: str, kv_cache_tokens: int) -> None:
+    def __init__(
+        self, n: int, api_base: str, metrics_url: str, kv_cache_tokens: int, trace_path: Path | None = None
+    ) -> None:
         self.n = n
+        self.trace_path = trace_path
+        """Where every proxy appends its backpressure trace (``LITELLM_RATEBALANCE_BACKPRESSURE_TRACE``);
+        ``None``: no trace."""
         self._settings = (api_base, metrics_url, kv_cache_tokens)
         self.redis = LocalRedis()
         self.workdir = Path(tempfile.mkdtemp(prefix="ratebalance-bench-replicas-"))
@@ -80,6 +86,8 @@ class Replicas:
         self.redis.start()
         auth = resources.files("litellm_ratebalance.demo").joinpath("demo_auth.py").read_text("utf-8")
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        if self.trace_path is not None:
+            env[TRACE_ENV] = str(self.trace_path)
         cfg = config(*self._settings, redis_url=self.redis.url)
         self.proxies = [
             ProxyProcess(cfg, self.workdir / f"proxy{i + 1}", files={"demo_auth.py": auth}, env=env)
@@ -111,16 +119,23 @@ class Replicas:
 
 
 async def send_http(
-    client: httpx.AsyncClient, group: str, priority: str, messages: Sequence[dict[str, str]], max_tokens: int | None
+    client: httpx.AsyncClient,
+    group: str,
+    priority: str,
+    messages: Sequence[dict[str, str]],
+    max_tokens: int | None,
+    call_id: str | None = None,
 ) -> tuple[int, str | None, int]:
-    """One chat completion through a proxy: (status, backpressure reason of a refusal, completion tokens)."""
+    """One chat completion through a proxy: (status, backpressure reason of a refusal, completion tokens).
+    ``call_id``: sent as ``x-litellm-call-id`` (the proxy uses it as the request's call id: the trace's key)."""
     body: dict[str, Any] = {"model": group, "messages": list(messages)}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
+    headers = {"Authorization": f"Bearer {KEYS[priority]}"}
+    if call_id is not None:
+        headers["x-litellm-call-id"] = call_id
     try:
-        response = await client.post(
-            "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEYS[priority]}"}
-        )
+        response = await client.post("/v1/chat/completions", json=body, headers=headers)
     except httpx.HTTPError:
         return 0, None, 0
     if response.status_code == 200:

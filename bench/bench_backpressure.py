@@ -70,6 +70,7 @@ from litellm.router import Router
 from prometheus_client import REGISTRY
 
 from bench.backpressure_replicas import Replicas, send_http
+from bench.backpressure_trace import ClientRecord, finish_trace, start_trace
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
 from litellm_ratebalance.proxy.backpressure.book import DeploymentState
 from litellm_ratebalance.proxy.runtime import configure, reset_runtime
@@ -579,16 +580,23 @@ async def run_profile(profile: Profile, args: Any) -> tuple[dict[str, Any], list
     return {"best": best, "unloaded_p95": unloaded_p95, "summaries": summaries}, checks
 
 
-async def run_open_loop_http(replicas: Replicas, group: str, jobs: Sequence[Job]) -> list[Result]:
-    """The open loop through the proxy replicas: request ``i`` of ``jobs`` to replica ``i mod N``."""
+async def run_open_loop_http(
+    replicas: Replicas, group: str, jobs: Sequence[Job], call_ids: Sequence[str] | None = None
+) -> tuple[list[Result], float]:
+    """The open loop through the proxy replicas: request ``i`` of ``jobs`` to replica ``i mod N`` (with call id
+    ``call_ids[i]`` where given). Also returns the wall-clock time of the results' origin."""
     origin = time.monotonic()
+    origin_wall = time.time()
     limiter = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     async def one(index: int, job: Job) -> Result:
         async with limiter:
             started = time.monotonic() - origin
             client = replicas.clients[index % len(replicas.clients)]
-            status, reason, tokens = await send_http(client, group, job.priority, job.payload(), job.max_tokens)
+            call_id = None if call_ids is None else call_ids[index]
+            status, reason, tokens = await send_http(
+                client, group, job.priority, job.payload(), job.max_tokens, call_id
+            )
             return Result(job, status, reason, started, time.monotonic() - origin, tokens)
 
     tasks = []
@@ -597,7 +605,7 @@ async def run_open_loop_http(replicas: Replicas, group: str, jobs: Sequence[Job]
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(index, job)))
-    return list(await asyncio.gather(*tasks))
+    return list(await asyncio.gather(*tasks)), origin_wall
 
 
 def beyond_decode(results: Sequence[Result], step_seconds: float) -> tuple[float, float, float]:
@@ -626,25 +634,55 @@ async def run_replicas(profile: Profile, args: Any) -> tuple[dict[str, Any], lis
         rate = OVERLOAD * best / mean_answer(args.seed, profile)
         jobs = make_jobs(args.seed, profile, rate, args.seconds, args.high_share)
         alone_jobs = [job for job in jobs if job.priority == "high"]
+        indices = {
+            "learned": list(range(len(jobs))),
+            "top_alone": [i for i, j in enumerate(jobs) if j.priority == "high"],
+        }
         summaries: dict[str, dict[str, Any]] = {}
-        async with Replicas(args.replicas, server.api_base, server.metrics_url, spec.memory_tokens) as replicas:
+        clients: list[ClientRecord] = []
+        trace_path = None if args.trace is None else start_trace(args.trace)
+        async with Replicas(
+            args.replicas, server.api_base, server.metrics_url, spec.memory_tokens, trace_path
+        ) as replicas:
             # Warm-up: every replica learns a little on both groups (the same requests as the in-process bench).
             rng = random.Random(args.seed + 1)
             warm = [make_job(rng, profile, 0.0, "high", 10**6 + i) for i in range(12 * args.replicas)]
             for group in ("mixed", "alone"):
                 for start in range(0, len(warm), 3):
-                    await run_open_loop_http(replicas, group, warm[start : start + 3])
+                    await run_open_loop_http(replicas, group, warm[start : start + 3])  # (untraced call ids)
             for mode, group, sequence in (("top_alone", "alone", alone_jobs), ("learned", "mixed", jobs)):
                 await wait_idle(server)
                 await server.reset()
                 fills: list[float] = []
                 watcher = asyncio.create_task(sample_fill(server, spec.memory_tokens, fills))
-                results = await run_open_loop_http(replicas, group, sequence)
+                call_ids = [f"{mode}-{i}" for i in indices[mode]]
+                results, origin_wall = await run_open_loop_http(replicas, group, sequence, call_ids)
                 watcher.cancel()
+                clients += [
+                    ClientRecord(
+                        mode,
+                        index,
+                        r.job.priority,
+                        call_id,
+                        origin_wall + r.started,
+                        origin_wall + r.ended,
+                        r.status,
+                        r.output_tokens,
+                        r.job.at >= WARMUP_SECONDS,
+                    )
+                    for index, call_id, r in zip(indices[mode], call_ids, results, strict=True)
+                ]
                 fill = statistics.fmean(fills) if fills else 0.0
                 summaries[mode] = summarise(results, args.seconds, (await server.stats()).oom_failures, fill)
                 summaries[mode]["high_wait"] = beyond_decode(results, spec.step_seconds)
             logs = replicas.logs()
+    if trace_path is not None:
+        await asyncio.sleep(0.5)  # the proxies' last release lines
+        deployments = {"learned": "gpu-mixed", "top_alone": "gpu-alone"}
+        lines = finish_trace(trace_path, clients, deployments, "prod", spec.step_seconds)
+        print(f"\n--- trace ({trace_path}) ---")
+        for line in lines:
+            print(line)
     overflow_lines = sum(text.count("for want of GPU / KV-cache memory") for text in logs)
     mixed, alone = summaries["learned"], summaries["top_alone"]
     high_refused = mixed["high"]["refused"] / max(1, mixed["high"]["sent"])
@@ -726,6 +764,13 @@ async def main(argv: Sequence[str]) -> int:
         default=0,
         help="run the overload through this many real litellm proxies sharing one redis-server (1-8), with all "
         "tiers and with the top tier's requests alone, instead of the in-process modes",
+    )
+    parser.add_argument(
+        "--trace",
+        default=None,
+        metavar="FILE",
+        help="with --replicas: the proxies' backpressure trace and one line per request to FILE (JSON lines), and "
+        "where each top-tier request's time went, all tiers against top tier alone (bench/backpressure_trace.py)",
     )
     parser.add_argument("--debug", action="store_true", help="print the layer's view of the deployment every 0.5s")
     args = parser.parse_args(argv)

@@ -8,9 +8,11 @@ through ``configure``. No timed assertions: outcomes are counted.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import litellm
@@ -22,7 +24,9 @@ from prometheus_client import REGISTRY
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.overload.signals import NvmlProbe
 from litellm_ratebalance.proxy.backpressure import BackpressureCallback
-from litellm_ratebalance.proxy.runtime import configure, reset_runtime
+from litellm_ratebalance.proxy.backpressure.callback import process_of
+from litellm_ratebalance.proxy.backpressure.trace import TRACE_ENV
+from litellm_ratebalance.proxy.runtime import configure, get_runtime, reset_runtime
 from litellm_ratebalance.settings import parse_settings
 from litellm_ratebalance.simulate.fake_nvml import FakeNvml
 from litellm_ratebalance.simulate.inference_server import InferenceServer, ServerSpec
@@ -539,3 +543,61 @@ async def test_lower_tiers_leave_the_top_tiers_reserve_of_slots(harness: Harness
         assert 8 - reserve <= served <= 8 - reserve + 1, (served, reserve)
         assert served < 7
     assert server.stats.oom_failures == 0
+
+
+async def test_the_debug_trace_follows_a_top_tier_request_through_the_queue(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LITELLM_RATEBALANCE_BACKPRESSURE_TRACE`` (read when the context is built): one JSON line per
+    admission event, with this process's view of the deployment."""
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(TRACE_ENV, str(path))
+    router, callback, _ = await harness(
+        {
+            "tiers": ["low", "high"],
+            "kv_cache_tokens": 2000,
+            "output_estimate": "max_tokens",
+            "limit": {"initial_limit": 16, "min_limit": 16, "max_limit": 16},
+            "queue": {"enabled": True, "max_wait_seconds": 30},
+        },
+        [ServerSpec(knee=16, step_seconds=0.002, memory_tokens=2000)],
+    )
+    lows = [asyncio.create_task(call(router, "low", max_tokens=400, key=f"l{i}")) for i in range(2)]
+    await _until(lambda: callback.snapshot().get("gpu1", {}).get("inflight") == 2, "both low requests admitted")
+    high = asyncio.create_task(call(router, "high", max_tokens=1000, key="h"))
+    await _until(lambda: callback.snapshot()["gpu1"]["queue_depth"] == 1, "the high request waiting")
+    assert outcome(await call(router, "low", max_tokens=10, key="s")) == (503, "memory_pressure")
+    assert outcome(await high) == (200, None)
+    await asyncio.gather(*lows)
+    await settle(callback)
+
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {e["dep"] for e in events} == {"gpu1"}
+    for e in events:  # every line carries the view
+        assert {"t", "pid", "limit", "inflight", "reserved", "kv", "top_reserve", "top_inflight", "queue"} <= set(e)
+    direct = [e for e in events if e["ev"] == "lease" and e["how"] == "direct"]
+    assert [e["tier"] for e in direct] == ["low", "low"]
+    (arrive,) = [e for e in events if e["ev"] == "arrive" and e["tier"] == "high"]
+    assert (arrive["admitted"], arrive["signal"], arrive["queueable"]) == (False, "kv_cache", True)
+    (enqueue,) = [e for e in events if e["ev"] == "enqueue"]
+    (queued,) = [e for e in events if e["ev"] == "lease" and e["how"] == "queue"]
+    assert enqueue["call"] == queued["call"] == arrive["call"] and queued["t"] > enqueue["t"]
+    assert any(e["ev"] == "head" and not e["admitted"] for e in events)
+    (refused,) = [e for e in events if e["ev"] == "refuse"]
+    assert (refused["tier"], refused["refused"], refused["higher_waiting"], refused["queue"]) == (
+        "low",
+        "memory_pressure",
+        True,
+        1,
+    )
+    releases = [e for e in events if e["ev"] == "release"]
+    assert sorted(e["tier"] for e in releases) == ["high", "low", "low"]
+    assert all(e["held"] > 0 for e in releases)
+
+
+async def test_no_trace_without_its_environment_variable(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TRACE_ENV, raising=False)
+    router, _, _ = await harness({}, [ServerSpec(knee=4, step_seconds=0.002)])
+    assert outcome(await call(router, max_tokens=5)) == (200, None)
+    ctx = process_of(get_runtime()).ctx
+    assert ctx is not None and not ctx.trace.enabled

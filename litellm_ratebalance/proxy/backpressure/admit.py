@@ -8,8 +8,9 @@
   until it fits, for a slot and for its tokens alike; while it waits, requests of lower tiers are refused
   (:func:`~litellm_ratebalance.overload.shedding.decide`, rule 4), so what drains goes to it. Local releases
   wake it at once; other replicas' releases are seen at the next ``queue.poll_interval_seconds``. The tiers
-  waiting here are published to the store (:func:`~.peers.publish_waiting`), where every replica's lease
-  acquire of a lower tier is refused while they wait.
+  waiting here are published to the store (:func:`~.peers.publish_waiting`, by each request as it joins the
+  queue and by the dispatcher), where every replica's lease acquire of a lower tier is refused while they
+  wait.
 * :func:`release`: gives a lease back (also when the task holding it is cancelled).
 
 Store faults follow ``ratebalance.fail_mode``: open admits without a lease, closed refuses with 503.
@@ -29,6 +30,7 @@ from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState
 from litellm_ratebalance.proxy.backpressure.metrics import observe_queue_wait, set_gauges
 from litellm_ratebalance.proxy.backpressure.peers import publish_waiting
 from litellm_ratebalance.proxy.backpressure.refusals import MARK, queue_full, queue_timeout, refusal
+from litellm_ratebalance.proxy.backpressure.trace import verdict_fields
 from litellm_ratebalance.proxy.runtime import get_runtime
 from litellm_ratebalance.proxy.store_metrics import late_replies
 from litellm_ratebalance.store.concurrency import LeaseRefusal, LeaseResult
@@ -70,6 +72,8 @@ async def admit(ctx: Context, state: DeploymentState, profile: Profile, call_id:
     if ctx.tiers.is_top(profile.rank):
         state.demand.arrive(ctx.clock())  # the top tier's arrival rate: its reserve of slots
     verdict = ctx.decide(state, profile)
+    if ctx.trace.enabled:
+        ctx.trace.event("arrive", ctx, state, profile, call_id, **verdict_fields(verdict))
     queue_on = state.config.queue_enabled
     if not verdict.admitted and not (verdict.queueable and queue_on):
         raise refusal(ctx, state, verdict, profile)
@@ -87,10 +91,11 @@ async def admit(ctx: Context, state: DeploymentState, profile: Profile, call_id:
 
 
 async def _try_lease(
-    ctx: Context, state: DeploymentState, profile: Profile, call_id: str, verdict: Verdict
+    ctx: Context, state: DeploymentState, profile: Profile, call_id: str, verdict: Verdict, *, how: str = "direct"
 ) -> Lease | Verdict | None:
     """One atomic attempt: the lease, ``None`` (store fault, fail open: admitted unaccounted), or the
-    verdict that refuses it given the store's fresh counts."""
+    verdict that refuses it given the store's fresh counts. ``how`` (``direct`` or ``queue``) only goes to the
+    trace."""
     lease_id = uuid.uuid4().hex
     cost = ctx.cost(state, profile)
     runtime = get_runtime()
@@ -125,7 +130,11 @@ async def _try_lease(
         state.note_cost(cost)
         gauges(ctx, state)
         meter.lease_started(state.deployment_id, lease_id, result.cost)
+        if ctx.trace.enabled:
+            ctx.trace.event("lease", ctx, state, profile, call_id, lease=lease_id, cost=cost, how=how)
         return lease
+    if ctx.trace.enabled:
+        ctx.trace.event("store_refused", ctx, state, profile, call_id, cost=cost, refusal=result.refusal.name.lower())
     if result.refusal is LeaseRefusal.WAITING:
         # A higher tier waits in another replica's queue: what frees up belongs to it (the policy's rule 4).
         fresh = ctx.decide(state, profile, queued=True, waiting_elsewhere=profile.rank + 1)
@@ -163,12 +172,18 @@ async def wait_in_queue(ctx: Context, state: DeploymentState, profile: Profile, 
     )
     if entry is None:
         raise queue_full(ctx, state, ctx.decide(state, profile), profile)
+    if ctx.trace.enabled:
+        ctx.trace.event("enqueue", ctx, state, profile, call_id)
     gauges(ctx, state)
     if state.dispatcher is None or state.dispatcher.done():
         state.dispatcher = loop.create_task(_dispatch(ctx, state))
     state.wake.set()
     started = ctx.clock()
     try:
+        # Tell the other replicas at once that this tier waits: the dispatcher publishes it too, on its first
+        # turn, but that turn comes only when this event loop gets to it, over a second late in a burst of
+        # requests, and meanwhile another replica's lower tier would take what frees up.
+        await publish_waiting(ctx, state)
         # The dispatcher resolves the future (lease, or a refusal) or expires it at its deadline;
         # the extra second only guards against a dispatcher that died.
         return await asyncio.wait_for(asyncio.shield(waiter.future), max_wait + 1.0)
@@ -219,6 +234,8 @@ async def _serve(ctx: Context, state: DeploymentState, poll: float) -> None:
             continue
         state.wake.clear()  # before the attempt: a release during it must wake the wait below
         verdict = ctx.decide(state, waiter.profile, queued=True)
+        if ctx.trace.enabled:
+            ctx.trace.event("head", ctx, state, waiter.profile, waiter.call_id, **verdict_fields(verdict))
         if not verdict.admitted and not verdict.queueable:
             state.queue.remove(entry)
             waiter.future.set_exception(refusal(ctx, state, verdict, waiter.profile))
@@ -227,7 +244,7 @@ async def _serve(ctx: Context, state: DeploymentState, poll: float) -> None:
         if verdict.admitted or verdict.count_based:
             # A count-based refusal is retried in the store: other replicas' releases show there first.
             try:
-                outcome = await _try_lease(ctx, state, waiter.profile, waiter.call_id, verdict)
+                outcome = await _try_lease(ctx, state, waiter.profile, waiter.call_id, verdict, how="queue")
             except Exception as exc:  # fail-closed store fault (marked) or a bug: hand it to the waiter
                 state.queue.remove(entry)
                 if not waiter.future.done():
@@ -272,6 +289,11 @@ async def release(ctx: Context, lease: Lease) -> None:
         state.counts(state.inflight - 1, state.reserved_tokens - lease.cost, state.counted_at)
     state.wake.set()
     gauges(ctx, state)
+    if ctx.trace.enabled:
+        held = ctx.clock() - lease.started
+        ctx.trace.event(
+            "release", ctx, state, lease.profile, lease.call_id, lease=lease.lease_id, cost=lease.cost, held=held
+        )
     meter.lease_ended(lease.lease_id, lease.attempt, lease.cost, end_mark)
 
 

@@ -33,6 +33,7 @@ from litellm_ratebalance.overload.reserve import TopDemand
 from litellm_ratebalance.overload.servers import PREALLOCATING
 from litellm_ratebalance.overload.shedding import DeploymentLoad, Tiers, TierThresholds, Verdict, decide
 from litellm_ratebalance.overload.signals import SignalBoard, SignalUpkeep, held_at_scrape, server_signals
+from litellm_ratebalance.proxy.backpressure.trace import Trace
 
 __all__ = ["BackpressureProcess", "Context", "DeploymentState", "Lease", "Profile", "Waiter"]
 
@@ -91,6 +92,7 @@ class DeploymentState:
         "output",
         "peers",
         "prompt_scale",
+        "publish_lock",
         "queue",
         "reserved_tokens",
         "scraped_at",
@@ -144,6 +146,8 @@ class DeploymentState:
         """What the other proxy replicas of this deployment published at the last exchange (see
         ``overload/peers.py``): their lowest limit, answer lengths, top-tier demand."""
         self.waiting_published: tuple[tuple[int, ...], float] = ((), -math.inf)
+        self.publish_lock = asyncio.Lock()
+        """Publications of the waiting tiers go one at a time (see ``peers.publish_waiting``)."""
         """The tiers waiting in this process's queue as last published to the store, and when (monotonic)."""
 
     @property
@@ -197,6 +201,8 @@ class Context:
     last_renew: float = -math.inf
     owner: Any = None
     """The callback instance whose hooks built this context (its probe, fetcher and clock are used)."""
+    trace: Trace = field(default_factory=lambda: Trace(None))
+    """The debug trace of admission decisions (off unless its environment variable names a file)."""
     thresholds: TierThresholds = field(init=False)
 
     def __post_init__(self) -> None:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -73,6 +74,7 @@ from litellm_ratebalance.proxy.backpressure.maintain import maintain_forever
 from litellm_ratebalance.proxy.backpressure.maintain import maintain_once as _maintain_once
 from litellm_ratebalance.proxy.backpressure.refusals import is_ours, queue_full, quiet_refusal_logs, refusal
 from litellm_ratebalance.proxy.backpressure.requests import learn, profile_of
+from litellm_ratebalance.proxy.backpressure.trace import Trace, verdict_fields
 from litellm_ratebalance.proxy.runtime import Runtime, get_runtime, schedule_startup_check
 
 __all__ = ["BackpressureCallback", "backpressure", "process_of", "startup_model_info_problems"]
@@ -149,7 +151,15 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             if probe is None and settings.signals.nvml:
                 probe = NvmlProbe()
             board = SignalBoard(self._fetch, probe)
-            ctx = Context(loop, settings, Tiers(settings.tiers), board, self._clock, owner=self)
+            ctx = Context(
+                loop,
+                settings,
+                Tiers(settings.tiers),
+                board,
+                self._clock,
+                owner=self,
+                trace=Trace.from_environ(os.environ),
+            )
             process.ctx = ctx
             # Scraping starts before the first request reaches a deployment.
             for deployment in _litellm.router_deployments(runtime.router()):
@@ -196,6 +206,12 @@ class BackpressureCallback(CustomLogger):  # type: ignore[misc]
             ctx.groups[model] = tuple(state for _, state in candidates)
             profile = profile_of(ctx, request_kwargs or {}, messages)
             admitted, queueable, refused = sort_candidates(ctx, candidates, profile)
+            if ctx.trace.enabled:
+                call_id = _litellm.request_call_id(request_kwargs or {})
+                for _, state in candidates:
+                    if state is not None:
+                        verdict = ctx.decide(state, profile)
+                        ctx.trace.event("route", ctx, state, profile, call_id, **verdict_fields(verdict))
             fresh_after = ctx.clock() - ctx.settings.queue.poll_interval_seconds
             stale = [s for s, verdict, _ in refused if verdict.count_based and s.counted_at < fresh_after]
             if not admitted and not queueable and stale:

@@ -2,8 +2,9 @@
 rules are :mod:`litellm_ratebalance.overload.peers`; the store operations :mod:`litellm_ratebalance.store.peers`):
 
 * :func:`publish_waiting`: the tiers waiting in this process's queue, whenever they change and every third of
-  :data:`~litellm_ratebalance.overload.peers.WAITING_TTL_SECONDS` while they wait (the dispatcher calls it on
-  every turn); the lease acquire of a lower tier is refused in every replica meanwhile;
+  :data:`~litellm_ratebalance.overload.peers.WAITING_TTL_SECONDS` while they wait (a request calls it as it
+  joins the queue, the dispatcher on every turn); the lease acquire of a lower tier is refused in every
+  replica meanwhile;
 * :func:`exchange_peers`: this process's learned limit, answer lengths and top-tier demand of a deployment
   out, the other live replicas' in (the background step calls it every scrape interval).
 
@@ -26,21 +27,26 @@ COMPONENT = "backpressure"
 
 async def publish_waiting(ctx: Context, state: DeploymentState) -> None:
     """Publish the tiers that can hold others back (above the lowest) waiting in ``state``'s queue, when they
-    changed or a third of their time-to-live passed since they were last published."""
-    ranks = tuple(rank for rank in state.queue.ranks() if rank > 0)
-    now = ctx.clock()
-    published, at = state.waiting_published
-    if ranks == published and (not ranks or now - at < WAITING_TTL_SECONDS / 3):
-        return
-    runtime = get_runtime()
-    try:
-        await runtime.store().waiting_publish(
-            state.deployment_id, replica_name(), ranks, int(WAITING_TTL_SECONDS * 1000)
-        )
-    except StoreError as exc:
-        runtime.faults.record(COMPONENT, exc, runtime.settings())
-        return
-    state.waiting_published = (ranks, now)
+    changed or a third of their time-to-live passed since they were last published.
+
+    Called by a request as it joins the queue and by the dispatcher on every turn; one at a time per deployment
+    (``state.publish_lock``), each reading the queue when its turn comes, so the last write is the queue's
+    latest state even when two writes would otherwise reach the store in the other order."""
+    async with state.publish_lock:
+        ranks = tuple(rank for rank in state.queue.ranks() if rank > 0)
+        now = ctx.clock()
+        published, at = state.waiting_published
+        if ranks == published and (not ranks or now - at < WAITING_TTL_SECONDS / 3):
+            return
+        runtime = get_runtime()
+        try:
+            await runtime.store().waiting_publish(
+                state.deployment_id, replica_name(), ranks, int(WAITING_TTL_SECONDS * 1000)
+            )
+        except StoreError as exc:
+            runtime.faults.record(COMPONENT, exc, runtime.settings())
+            return
+        state.waiting_published = (ranks, now)
 
 
 async def exchange_peers(ctx: Context, state: DeploymentState, now: float) -> None:

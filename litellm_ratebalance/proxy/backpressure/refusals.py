@@ -22,6 +22,7 @@ from litellm_ratebalance.overload.shedding import Reason, Verdict, advice, retry
 from litellm_ratebalance.proxy import _litellm
 from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState, Profile
 from litellm_ratebalance.proxy.backpressure.metrics import count_refusal
+from litellm_ratebalance.proxy.backpressure.trace import verdict_fields
 
 __all__ = [
     "LITELLM_LOGGERS",
@@ -95,6 +96,10 @@ def refusal(
         # client needs to back off.
         _litellm.forbid_router_retry(exc)
     count_refusal(state.model_group, profile.tier, reason.value)
+    if ctx.trace.enabled:
+        ctx.trace.event(
+            "refuse", ctx, state, profile, None, status=status, refused=reason.value, **verdict_fields(verdict)
+        )
     return exc
 
 
