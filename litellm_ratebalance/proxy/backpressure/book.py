@@ -146,9 +146,9 @@ class DeploymentState:
         """What the other proxy replicas of this deployment published at the last exchange (see
         ``overload/peers.py``): their lowest limit, answer lengths, top-tier demand."""
         self.waiting_published: tuple[tuple[int, ...], float] = ((), -math.inf)
+        """The tiers waiting in this process's queue as last published to the store, and when (monotonic)."""
         self.publish_lock = asyncio.Lock()
         """Publications of the waiting tiers go one at a time (see ``peers.publish_waiting``)."""
-        """The tiers waiting in this process's queue as last published to the store, and when (monotonic)."""
 
     @property
     def applied_limit(self) -> int:
