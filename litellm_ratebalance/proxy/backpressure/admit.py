@@ -100,6 +100,7 @@ async def _try_lease(
     cost = ctx.cost(state, profile)
     runtime = get_runtime()
     meter = runtime.registry.lease_meter()
+    sent = time.time()  # (the trace's: when the acquire left, so a reader can order it after a publication)
     try:
         result = await runtime.store().lease_acquire(
             state.deployment_id,
@@ -131,10 +132,12 @@ async def _try_lease(
         gauges(ctx, state)
         meter.lease_started(state.deployment_id, lease_id, result.cost)
         if ctx.trace.enabled:
-            ctx.trace.event("lease", ctx, state, profile, call_id, lease=lease_id, cost=cost, how=how)
+            ctx.trace.event("lease", ctx, state, profile, call_id, lease=lease_id, cost=cost, how=how, sent=sent)
         return lease
     if ctx.trace.enabled:
-        ctx.trace.event("store_refused", ctx, state, profile, call_id, cost=cost, refusal=result.refusal.name.lower())
+        ctx.trace.event(
+            "store_refused", ctx, state, profile, call_id, cost=cost, refusal=result.refusal.name.lower(), sent=sent
+        )
     if result.refusal is LeaseRefusal.WAITING:
         # A higher tier waits in another replica's queue: what frees up belongs to it (the policy's rule 4).
         fresh = ctx.decide(state, profile, queued=True, waiting_elsewhere=profile.rank + 1)

@@ -14,6 +14,8 @@ view stands, and waiting entries are published again at the next turn.
 
 from __future__ import annotations
 
+import time
+
 from litellm_ratebalance.errors import StoreError
 from litellm_ratebalance.overload.peers import WAITING_TTL_SECONDS, PeerState, peer_ttl_seconds, pool
 from litellm_ratebalance.proxy.backpressure.book import Context, DeploymentState
@@ -39,6 +41,7 @@ async def publish_waiting(ctx: Context, state: DeploymentState) -> None:
         if ranks == published and (not ranks or now - at < WAITING_TTL_SECONDS / 3):
             return
         runtime = get_runtime()
+        sent = time.time()
         try:
             await runtime.store().waiting_publish(
                 state.deployment_id, replica_name(), ranks, int(WAITING_TTL_SECONDS * 1000)
@@ -47,6 +50,10 @@ async def publish_waiting(ctx: Context, state: DeploymentState) -> None:
             runtime.faults.record(COMPONENT, exc, runtime.settings())
             return
         state.waiting_published = (ranks, now)
+        if ctx.trace.enabled:
+            # From ``t`` (the write is in the store) until the next publication's ``sent``, every replica's
+            # lower-tier lease acquire sent meanwhile meets these ranks.
+            ctx.trace.event("publish", ctx, state, ranks=list(ranks), sent=sent)
 
 
 async def exchange_peers(ctx: Context, state: DeploymentState, now: float) -> None:

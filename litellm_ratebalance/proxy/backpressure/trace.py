@@ -5,8 +5,12 @@ appends to that file (``O_APPEND``: several processes may share one file; each l
 
 * ``route``: the routing filter judged a request (its tier and the verdict);
 * ``arrive``: the deployment hook starts admitting a request (the verdict it finds);
-* ``lease``: a lease was taken (``how``: ``direct`` or ``queue``, the wait, the store's counts after it);
-* ``store_refused``: the store's atomic check refused a lease (``refusal``: ``slots``, ``tokens``, ``waiting``);
+* ``lease``: a lease was taken (``how``: ``direct`` or ``queue``, the wait, the store's counts after it; ``sent``:
+  when the acquire left this process, ``t`` being when its reply was read);
+* ``store_refused``: the store's atomic check refused a lease (``refusal``: ``slots``, ``tokens``, ``waiting``;
+  ``sent`` as for ``lease``);
+* ``publish``: the tiers waiting in this process's queue (``ranks``) were written to the store (``sent``: when
+  the write left; ``t``: when it was confirmed);
 * ``enqueue`` / ``head``: a request joined the wait queue / the dispatcher tried the head (its verdict);
 * ``refuse``: a refusal was built for a request (every refusal, once);
 * ``release``: a lease was given back (how long it was held).
