@@ -100,7 +100,8 @@ async def _try_lease(
     cost = ctx.cost(state, profile)
     runtime = get_runtime()
     meter = runtime.registry.lease_meter()
-    sent = time.time()  # (the trace's: when the acquire left, so a reader can order it after a publication)
+    # (the trace's only: when the acquire left, so a reader can order it after a publication)
+    sent = time.time() if ctx.trace.enabled else 0.0
     try:
         result = await runtime.store().lease_acquire(
             state.deployment_id,

@@ -41,7 +41,7 @@ async def publish_waiting(ctx: Context, state: DeploymentState) -> None:
         if ranks == published and (not ranks or now - at < WAITING_TTL_SECONDS / 3):
             return
         runtime = get_runtime()
-        sent = time.time()
+        sent = time.time() if ctx.trace.enabled else 0.0  # (the trace's only)
         try:
             await runtime.store().waiting_publish(
                 state.deployment_id, replica_name(), ranks, int(WAITING_TTL_SECONDS * 1000)
