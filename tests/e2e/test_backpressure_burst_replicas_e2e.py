@@ -22,6 +22,8 @@ once (a third of each without ``max_tokens``), then lower-tier requests to the s
   publication's write until the next publication was sent, at most its 3 s time-to-live) was granted. The
   trace gives each acquire's send time, so an acquire that left before the publication and whose reply was
   read late is not mistaken for one that slipped through.
+* afterwards the shared counts are exact: no lease in flight, no reserved token, no live waiting entry (the
+  empty queue was published, its last publication empty), and no store error logged by either replica.
 """
 
 from __future__ import annotations
@@ -30,16 +32,20 @@ import asyncio
 import json
 import math
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from litellm_ratebalance.overload.peers import WAITING_TTL_SECONDS
 from litellm_ratebalance.proxy.backpressure.trace import TRACE_ENV
 from litellm_ratebalance.simulate.inference_server import ServerSpec
+from litellm_ratebalance.store import KeySpace, RedisStore
+from tests.e2e.bursts import assert_no_store_errors
 from tests.e2e.conftest import StartProxies
 from tests.e2e.harness import LiteLLMProxy, inference_server_process
 from tests.servers import RedisServer
@@ -112,7 +118,9 @@ async def post(client: httpx.AsyncClient, token: str, content: str, max_tokens: 
     return await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {token}"})
 
 
-def test_burst_of_200_through_two_replicas(pair: list[LiteLLMProxy], server: str, trace_file: Path) -> None:
+def test_burst_of_200_through_two_replicas(
+    pair: list[LiteLLMProxy], server: str, trace_file: Path, redis_server: RedisServer
+) -> None:
     rng = random.Random(3)
     first, second = pair
 
@@ -199,5 +207,33 @@ def test_burst_of_200_through_two_replicas(pair: list[LiteLLMProxy], server: str
         if start <= e["sent"] < end
     ]
     assert not slipped, slipped
+
+    # Afterwards the shared counts are exact: every lease given back once, no reserved token left, and no
+    # replica still holding the lower tiers back (the empty queue was published, not left to lapse).
+    leases, waiting = asyncio.run(shared_state_after(redis_server))
+    assert leases == (0, 0), leases
+    assert waiting == [], waiting
+    last_publication = max(publications, key=lambda p: p["t"])
+    assert last_publication["ranks"] == [], last_publication
+    assert_no_store_errors(pair)
     for proxy in pair:
         assert "Traceback" not in proxy.log_text(), proxy.log_tail()
+
+
+async def shared_state_after(redis_server: RedisServer) -> tuple[tuple[int, int], list[Any]]:
+    """The deployment's (leases in flight, reserved tokens) once they reach zero (5 s at most: releases of the
+    last answers may still be on their way), and the waiting entries still live in the store."""
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        store = RedisStore(client, KeySpace(PREFIX))
+        snapshot = await store.concurrency_snapshot("gpu-burst")
+        for _ in range(50):
+            if (snapshot.inflight, snapshot.reserved_tokens) == (0, 0):
+                break
+            await asyncio.sleep(0.1)
+            snapshot = await store.concurrency_snapshot("gpu-burst")
+        now_ms = int(time.time() * 1000)
+        live = await client.zrangebyscore(KeySpace(PREFIX).waiting_tiers("gpu-burst"), now_ms, "+inf")
+        return (snapshot.inflight, snapshot.reserved_tokens), list(live)
+    finally:
+        await client.aclose()
