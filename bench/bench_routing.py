@@ -93,10 +93,13 @@ STRATEGIES = (
 )
 """Default strategies, in the order they run: side by side in groups of ``--side-by-side`` (3: ours beside
 least-busy and latency-based, the built-ins it is held to)."""
-EXTRA_STRATEGIES = ("ours-slots",)
+EXTRA_STRATEGIES = ("ours-slots", "oracle-lagged")
 """Run only when named: ``ours-slots`` is ours with each deployment's true capacity configured as
 ``model_info.slots`` (what a user who knows a server's concurrency, e.g. vLLM's ``--max-num-seqs``, can
-set). It shows what learning the slots leaves on the table; it is not part of the targets."""
+set). It shows what learning the slots leaves on the table; it is not part of the targets.
+``oracle-lagged`` is the oracle seeing every deployment's behaviour ``--oracle-lag`` seconds late (default
+:data:`ORACLE_LAG_SECONDS`): what knowing everything but learning of each change only that late achieves."""
+ORACLE_LAG_SECONDS = 2.0
 MODEL_GROUP = "bench"
 RATIO = 250.0
 PROXY_SCENARIO = "drift"
@@ -222,9 +225,10 @@ def _make_router(
         )
         return router, None, router.discard, None
     router = litellm.Router(model_list=model_list, routing_strategy="simple-shuffle", **common)
-    if strategy == "oracle":
+    if strategy in ("oracle", "oracle-lagged"):
         specs = {spec.name: spec for spec in scenario.deployments}
-        oracle = OracleRouting(router, specs, epoch, ratio=RATIO)
+        lag = ORACLE_LAG_SECONDS if strategy == "oracle-lagged" else 0.0
+        oracle = OracleRouting(router, specs, epoch, ratio=RATIO, lag_seconds=lag)
         router.set_custom_routing_strategy(oracle)
         return router, oracle.finished, router.discard, None
     if strategy in ("ours", "ours-slots", "ours-litellm"):
@@ -801,7 +805,7 @@ def per_seed_table(names: Sequence[str], by_seed: dict[int, dict[str, list[Run]]
     the best built-in of that seed (a ratio to least-busy under the target is marked MISS)."""
     strategies = [
         s
-        for s in (*OURS, "ours-slots", *BUILT_INS, "oracle")
+        for s in (*OURS, "ours-slots", *BUILT_INS, "oracle", "oracle-lagged")
         if any(r.strategy == s for rb in by_seed.values() for runs in rb.values() for r in runs)
     ]
     ours = [s for s in OURS if s in strategies]
@@ -1174,6 +1178,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="an extra litellm.Router setting for every strategy (JSON value), e.g. --router disable_cooldowns=true",
     )
+    parser.add_argument(
+        "--oracle-lag",
+        type=float,
+        default=ORACLE_LAG_SECONDS,
+        metavar="SECONDS",
+        help="how late oracle-lagged sees each deployment's behaviour",
+    )
     parser.add_argument("--trace", action="store_true", help="print our balancer's estimates during its runs")
     parser.add_argument(
         "--dump",
@@ -1194,8 +1205,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.results_name):
         parser.error(f"--results-name must be a plain file name (letters, digits, _ . -), got {args.results_name!r}")
     args.argv = list(argv)
-    global BUILT_IN_TIME
+    global BUILT_IN_TIME, ORACLE_LAG_SECONDS
     BUILT_IN_TIME = args.builtin_time
+    if args.oracle_lag < 0:
+        parser.error(f"--oracle-lag must be >= 0 seconds (got {args.oracle_lag})")
+    ORACLE_LAG_SECONDS = args.oracle_lag
     for option, items, target in (("--ours", args.ours, OURS_SETTINGS), ("--router", args.router, ROUTER_SETTINGS)):
         for item in items:
             key, sep, value = item.partition("=")

@@ -8,12 +8,16 @@ draws, token budgets with their ``x-ratelimit-*`` figures), with our balancer on
 in memory on the same clock), least-busy (fewest requests in flight, ties drawn) and the oracle's rule. Ours
 and least-busy see LiteLLM's default cooldowns as the Router applies them (a 429 cools a deployment down for
 its ``retry-after``; more than half of at least 5 requests failed, for 5 s); the oracle ignores them, as in
-the real bench. It is a tool for trying ideas on many seeds; every figure reported comes from the real bench.
+the real bench. ``--limited-oracle LAG`` adds the oracle's rule limited to what a learner can know: each
+deployment's behaviour as it was LAG seconds ago, the Router's cooldowns, and with ``--blind`` no answer length
+beyond ``max_tokens``; what separates it from the oracle is information no learner has in time. It is a tool
+for trying ideas on many seeds; every figure reported comes from the real bench.
 
 Usage::
 
     python bench/sim_routing.py --scenarios drift mixed-slots --seeds 1-40
     python bench/sim_routing.py --scenarios drift --seeds 1-8 --ours presume_slots=false
+    python bench/sim_routing.py --scenarios drift flaky --seeds 1-16 --limited-oracle 1 --blind
 """
 
 from __future__ import annotations
@@ -47,6 +51,12 @@ RATIO = 250.0
 TRACE_EVERY = 1.0
 STEP = 0.005
 """Seconds per simulation step."""
+ORACLE_LAG = 0.0
+"""``oracle-limited`` (``--limited-oracle``): it sees each deployment's behaviour as it was this many seconds
+ago, the time a learner needs before answers can show a change."""
+ORACLE_BLIND = False
+"""``oracle-limited``: it does not know the answer's length either, only what a learner sees: ``max_tokens``
+where the request sets it, else the plan's mean answer."""
 OVERHEAD = 0.004
 """Seconds between a request's arrival and the mock seeing it (routing and the client), and between its
 answer and our record of it (LiteLLM's logging)."""
@@ -148,6 +158,7 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
     plan = scenario.plan()
     timeout = scenario.workload.timeout
     pending = list(plan)
+    mean_answer = round(statistics.mean(_output_tokens(r) for r in plan)) if plan else 64
     pending_records: list[tuple[float, Result, RateLimitObservation | None]] = []
     results: list[Result] = []
     in_flight = dict.fromkeys(names, 0)
@@ -190,17 +201,22 @@ async def _simulate(scenario: Scenario, strategy: str, ours: dict[str, Any], tra
             elif strategy == "least-busy":
                 low = min(in_flight[n] for n in warm)
                 name = pick_rng.choice([n for n in warm if in_flight[n] == low])
-            elif strategy == "oracle":
-                best, score = names[0], -1.0
-                for n in names:
-                    b = deployments[n].behaviour(t)
+            elif strategy in ("oracle", "oracle-limited"):
+                limited = strategy == "oracle-limited"
+                seen = max(0.0, t - ORACLE_LAG) if limited else t
+                output = _output_tokens(request)
+                if limited and ORACLE_BLIND:
+                    output = request.max_tokens if request.max_tokens is not None else mean_answer
+                # The limited oracle routes through the Router as the learners do, cooldowns included.
+                choices = warm if limited else names
+                best, score = choices[0], -1.0
+                for n in choices:
+                    b = deployments[n].behaviour(seen)
                     left = True
                     if b.tpm is not None:
                         _, used = deployments[n].usage.usage(t, b.limit_window)
-                        left = used + request.prompt_tokens + _output_tokens(request) <= b.tpm
-                    s = expected_effective_rate(
-                        b, t, in_flight[n], request.prompt_tokens, _output_tokens(request), RATIO, left
-                    )
+                        left = used + request.prompt_tokens + output <= b.tpm
+                    s = expected_effective_rate(b, seen, in_flight[n], request.prompt_tokens, output, RATIO, left)
                     if s > score:
                         best, score = n, s
                 name = best
@@ -392,6 +408,14 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--slots", action="store_true", help="configure each deployment's true capacity")
     parser.add_argument("--trace", type=float, default=0.0, metavar="SECONDS", help="trace ours every SECONDS")
     parser.add_argument("--per-seed", action="store_true")
+    parser.add_argument(
+        "--limited-oracle",
+        type=float,
+        default=None,
+        metavar="LAG",
+        help="also run the oracle limited to what a learner can know: behaviour LAG seconds old, cooldowns",
+    )
+    parser.add_argument("--blind", action="store_true", help="the limited oracle does not know answer lengths")
     parser.add_argument("--bins", type=int, default=0, help="per seed: rates and shares per time bin")
     parser.add_argument(
         "--phases", default=None, help="comma-separated times: loss against the oracle per phase, over the seeds"
@@ -407,19 +431,21 @@ def main(argv: Sequence[str]) -> int:
     if args.slots:
         overrides["__slots"] = True
     seeds = _seeds(args.seeds)
-    global TRACE_EVERY
+    global TRACE_EVERY, ORACLE_LAG, ORACLE_BLIND
     TRACE_EVERY = args.trace or 1.0
+    ORACLE_LAG = args.limited_oracle or 0.0
+    ORACLE_BLIND = args.blind
+    strategies = ("ours", "least-busy", "oracle") + (("oracle-limited",) if args.limited_oracle is not None else ())
     for name in args.scenarios:
         rows = []
+        limited_rows: list[float] = []
         phase_rows: list[dict[tuple[float, float], float]] = []
         slot_totals: dict[tuple[str, str], int] = {}
         for seed in seeds:
             scenario = build_scenario(name, duration=args.duration, seed=seed)
-            r = {
-                s: simulate(scenario, s, dict(overrides), trace=bool(args.trace) and s == "ours")
-                for s in ("ours", "least-busy", "oracle")
-            }
+            r = {s: simulate(scenario, s, dict(overrides), trace=bool(args.trace) and s == "ours") for s in strategies}
             rows.append((seed, r["ours"]["mean"], r["least-busy"]["mean"], r["oracle"]["mean"]))
+            limited_rows.append(r["oracle-limited"]["mean"] if "oracle-limited" in r else math.nan)
             for k, v in r["ours"]["slots"].items():
                 slot_totals[k] = slot_totals.get(k, 0) + v
             if args.phases:
@@ -469,6 +495,13 @@ def main(argv: Sequence[str]) -> int:
             f"{min(r[1] / r[3] for r in rows):.3f}",
             flush=True,
         )
+        if args.limited_oracle is not None:
+            limited_avg = statistics.mean(limited_rows)
+            print(
+                f"{'':12s} oracle-limited (lag {ORACLE_LAG:g}s{', blind' if ORACLE_BLIND else ''}) {limited_avg:6.1f}"
+                f"  limited/oracle {limited_avg / oracle_avg:.3f}  ours/limited {ours_avg / limited_avg:.3f}",
+                flush=True,
+            )
     return 0
 
 

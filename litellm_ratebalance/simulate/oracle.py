@@ -7,6 +7,9 @@ highest expected effective token rate ``(output + input / ratio) / latency`` tim
 request succeeds there, where the latency assumes the deployment's current in-flight count plus this request
 shares its capacity. It is greedy (it does not plan ahead or weigh how a pick slows the requests already
 there) and knows nothing of per-request jitter: a strong reference, not a proven optimum.
+
+With ``lag_seconds`` it sees each deployment's behaviour as it was that long ago: a reference for how much of
+the gap to the oracle is the time any learner needs before answers can show a change.
 """
 
 from __future__ import annotations
@@ -80,7 +83,11 @@ class OracleRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
         *,
         ratio: float = 250.0,
         clock: Callable[[], float] = time.time,
+        lag_seconds: float = 0.0,
     ) -> None:
+        if lag_seconds < 0:
+            raise ValueError(f"lag_seconds must be >= 0 (got {lag_seconds})")
+        self._lag = lag_seconds
         self._router = router
         self._specs = dict(specs)
         self._epoch = epoch
@@ -100,7 +107,8 @@ class OracleRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
             self._in_flight[name] -= 1
 
     def choose(self, deployments: list[dict[str, Any]], prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
-        """The deployment with the highest expected effective rate now (the first on ties)."""
+        """The deployment with the highest expected effective rate now, as of ``lag_seconds`` ago (the first on
+        ties)."""
         elapsed = self._clock() - self._epoch
         best: dict[str, Any] | None = None
         best_score = -1.0
@@ -110,7 +118,8 @@ class OracleRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
             if spec is None:
                 continue
             assert isinstance(name, str)
-            behaviour = spec.behaviour_at(elapsed)
+            seen = max(0.0, elapsed - self._lag)
+            behaviour = spec.behaviour_at(seen)
             budget_left = True
             if behaviour.tpm is not None or behaviour.rpm is not None:
                 requests, tokens = self._usage[name].usage(elapsed, behaviour.limit_window)
@@ -118,7 +127,7 @@ class OracleRouting(CustomRoutingStrategyBase):  # type: ignore[misc]
                     behaviour.tpm is None or tokens + prompt_tokens + output_tokens <= behaviour.tpm
                 )
             score = expected_effective_rate(
-                behaviour, elapsed, self._in_flight[name], prompt_tokens, output_tokens, self._ratio, budget_left
+                behaviour, seen, self._in_flight[name], prompt_tokens, output_tokens, self._ratio, budget_left
             )
             if score > best_score:
                 best, best_score = deployment, score

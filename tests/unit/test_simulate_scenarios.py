@@ -95,6 +95,27 @@ async def test_oracle_avoids_a_rate_limited_deployment() -> None:
     assert chosen["model_info"]["id"] == "ok"
 
 
+async def test_a_lagged_oracle_sees_a_change_only_after_its_lag() -> None:
+    """Drift swaps the rates at 40 % of the run: at 4.5 s of a 10 s run the oracle sends to the new fastest, one
+    lagging by 1 s still to the old one, and by 5 s both see the swap."""
+    scenario = build_scenario("drift", duration=10.0)
+    specs = {spec.name: spec for spec in scenario.deployments}
+    now = [4.5]
+    oracle = OracleRouting(_Router(list(specs)), specs, epoch=0.0, clock=lambda: now[0])
+    lagged = OracleRouting(_Router(list(specs)), specs, epoch=0.0, clock=lambda: now[0], lag_seconds=1.0)
+    messages = [{"role": "user", "content": "x"}]
+
+    async def pick(strategy: OracleRouting) -> str:
+        chosen = await strategy.async_get_available_deployment("g", messages, request_kwargs={"max_tokens": 50})
+        return str(chosen["model_info"]["id"])
+
+    assert (await pick(oracle), await pick(lagged)) == ("d", "a")
+    now[0] = 5.0
+    assert (await pick(oracle), await pick(lagged)) == ("d", "d")
+    with pytest.raises(ValueError, match="lag_seconds"):
+        OracleRouting(_Router(list(specs)), specs, epoch=0.0, lag_seconds=-1.0)
+
+
 def _result(index: int, latency: float, ok: bool, completion: int = 50, prompt: int = 500) -> RequestResult:
     return RequestResult(
         index, float(index), latency, ok, False, prompt, completion if ok else 0, None, None, None if ok else "APIError"
