@@ -198,6 +198,12 @@ class BackpressureSettings(SettingsModel):
     ``overload/reserve.py``). The top tier's requests in flight count towards it. 0: off, only the one slot
     every lower tier leaves; higher values make top-tier waits behind lower tiers rarer and leave more slots
     idle while the top tier is quiet (bench/results/backpressure.md, 2026-12-06 second section)."""
+    kv_headroom_requests: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
+    """KV-cache memory each tier below the highest leaves free for the tiers above it, in typical requests (the
+    deployment's mean reservation): a lower-tier request is admitted only while the tokens held plus its own
+    stay under ``hard_threshold`` x capacity less this much. Higher values keep the top tier's waits behind
+    lower-tier requests rarer and serve fewer of them (bench/results/backpressure_top_tier_2026-12-07.md,
+    second part). 0: only the tier thresholds."""
     default_output_tokens: Annotated[int, Field(ge=0, le=10_000_000)] = 256
     """Output tokens reserved before anything is learned (``learned``), or by a request that sets neither
     max_tokens nor max_completion_tokens (``max_tokens``)."""

@@ -19,8 +19,8 @@ Definitions:
      reservations in flight (prompt + the output reserved for each, see :mod:`.output`) and the measured
      KV-cache usage x ``C``; if held + this request's cost would exceed the tier's token cap -> shed (503
      ``memory_pressure``); a request whose cost alone exceeds it can never fit (advice ``reroute``). The
-     token cap is ``θ x C``; below the highest tier, at most ``hard x C - headroom_tokens``: one typical
-     request's worth of the cache always stays for the tiers above, as one slot does in 3.;
+     token cap is ``θ x C``; below the highest tier, at most ``hard x C - headroom_tokens``: some typical
+     requests' worth of the cache (one by default) always stays for the tiers above, as one slot does in 3.;
   3. concurrency: the highest tier may fill every slot of the limit; at the limit it gets 429
      ``concurrency_limit`` (or waits in the queue where one is enabled). A lower tier may take a slot while
      the concurrency signal, ``in flight / limit``, is below ``θ`` (judged before the admission, as the
@@ -235,7 +235,8 @@ class DeploymentLoad:
     """The highest tier of the requests waiting in this deployment's queue (``None``: none)."""
     headroom_tokens: int = 0
     """The KV-cache tokens a tier below the highest leaves for the tiers above (the tokens of a typical
-    request), so a top-tier request finds room without waiting for a lower one to end."""
+    request times ``kv_headroom_requests``), so a top-tier request finds room without waiting for a lower one
+    to end."""
     top_reserve: int = 0
     """Slots a tier below the highest leaves for the highest tier's own arrivals
     (:func:`~litellm_ratebalance.overload.reserve.reserve_slots`)."""

@@ -440,6 +440,28 @@ async def _until(predicate: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
+async def test_lower_tiers_leave_kv_headroom_requests_typical_requests_of_memory(harness: Harness) -> None:
+    """The same two low requests as below, which the default headroom (one typical request) admits together:
+    with ``kv_headroom_requests: 3`` the second one is refused, as three typical requests (~1,380 tokens) stay
+    free under the 1,900-token cap."""
+    router, callback, (server,) = await harness(
+        {
+            "tiers": ["low", "high"],
+            "kv_cache_tokens": 2000,
+            "kv_headroom_requests": 3,
+            "output_estimate": "max_tokens",
+            "limit": {"initial_limit": 16, "min_limit": 16, "max_limit": 16},
+        },
+        [ServerSpec(knee=16, step_seconds=0.002, memory_tokens=2000)],
+    )
+    first = asyncio.create_task(call(router, "low", max_tokens=400, key="l0"))
+    await _until(lambda: callback.snapshot().get("gpu1", {}).get("inflight") == 1, "the first low request admitted")
+    second = await call(router, "low", max_tokens=400, key="l1")
+    assert outcome(second) == (503, "memory_pressure")
+    assert outcome(await first) == (200, None)
+    assert server.stats.oom_failures == 0
+
+
 async def test_top_tier_waits_for_memory_and_lower_tiers_are_refused_meanwhile(harness: Harness) -> None:
     router, callback, (server,) = await harness(
         {

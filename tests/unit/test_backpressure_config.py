@@ -23,6 +23,7 @@ def backpressure(raw: dict[str, object]) -> BackpressureSettings:
         ({"limit": {"min_limit": 10}}, "need min_limit <= initial_limit <= max_limit (got 10, 8, 256)"),
         ({"queue": {"max_wait_seconds": 0}}, "queue.max_wait_seconds: must be between 0.01 and 600.0 (got 0)"),
         ({"top_reserve_quantile": 1.0}, "backpressure.top_reserve_quantile: must be between 0.0 and 0.99 (got 1.0)"),
+        ({"kv_headroom_requests": -1}, "backpressure.kv_headroom_requests: must be between 0.0 and 100.0 (got -1)"),
         ({"signals": {"scrape_timeout_seconds": 5}}, "must not exceed scrape_interval_seconds"),
         ({"deployments": {"d": {"metrics_url": "gpu1:8000"}}}, "metrics_url must be an http:// or https:// URL"),
         ({"shed_treshold": 0.8}, "backpressure.shed_treshold: unknown setting; valid keys here:"),

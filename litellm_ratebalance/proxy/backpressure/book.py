@@ -303,7 +303,7 @@ class Context:
             reserved_tokens=state.reserved_tokens,
             kv_cache_tokens=self.kv_capacity(state),
             waiting_rank=waiting,
-            headroom_tokens=math.ceil(state.typical_cost),
+            headroom_tokens=math.ceil(state.typical_cost * self.settings.kv_headroom_requests),
             top_reserve=self.top_reserve(state),
             top_inflight=state.top_inflight + state.peers.top_inflight,
         )
