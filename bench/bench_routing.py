@@ -1135,6 +1135,7 @@ def _litellm_version() -> str:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    global BUILT_IN_TIME, ORACLE_LAG_SECONDS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--quick",
@@ -1181,9 +1182,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--oracle-lag",
         type=float,
-        default=ORACLE_LAG_SECONDS,
+        default=None,
         metavar="SECONDS",
-        help="how late oracle-lagged sees each deployment's behaviour",
+        help=f"how late oracle-lagged sees each deployment's behaviour (default {ORACLE_LAG_SECONDS:g})",
     )
     parser.add_argument("--trace", action="store_true", help="print our balancer's estimates during its runs")
     parser.add_argument(
@@ -1205,11 +1206,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.results_name):
         parser.error(f"--results-name must be a plain file name (letters, digits, _ . -), got {args.results_name!r}")
     args.argv = list(argv)
-    global BUILT_IN_TIME, ORACLE_LAG_SECONDS
     BUILT_IN_TIME = args.builtin_time
-    if args.oracle_lag < 0:
-        parser.error(f"--oracle-lag must be >= 0 seconds (got {args.oracle_lag})")
-    ORACLE_LAG_SECONDS = args.oracle_lag
+    if args.oracle_lag is not None:
+        if args.oracle_lag < 0:
+            parser.error(f"--oracle-lag must be >= 0 seconds (got {args.oracle_lag})")
+        ORACLE_LAG_SECONDS = args.oracle_lag
     for option, items, target in (("--ours", args.ours, OURS_SETTINGS), ("--router", args.router, ROUTER_SETTINGS)):
         for item in items:
             key, sep, value = item.partition("=")
