@@ -156,7 +156,7 @@ bench-backpressure: $(STAMP)
 bench-cost: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_cost.py
 bench-replicas: $(STAMP) redis-server
-	for n in 1 2 3; do PYTHONPATH=. $(PY) bench/bench_backpressure.py --profile kv --replicas $$n --seed 7 || exit 1; done
+	for n in 1 2 3; do PYTHONPATH=. $(PY) bench/bench_backpressure.py --profile kv --replicas $$n --seed 7 --seconds 100 || exit 1; done
 bench-overhead: $(STAMP) redis-server
 	PYTHONPATH=. $(PY) bench/bench_proxy_overhead.py --rounds 4 --seconds 8
 
