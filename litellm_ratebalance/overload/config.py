@@ -203,7 +203,7 @@ class BackpressureSettings(SettingsModel):
     deployment's mean reservation): a lower-tier request is admitted only while the tokens held plus its own
     stay under ``hard_threshold`` x capacity less this much. Higher values keep the top tier's waits behind
     lower-tier requests rarer and serve fewer of them (bench/results/backpressure_top_tier_2026-12-07.md,
-    second part). 0: only the tier thresholds."""
+    *Longer runs*). 0: only the tier thresholds."""
     default_output_tokens: Annotated[int, Field(ge=0, le=10_000_000)] = 256
     """Output tokens reserved before anything is learned (``learned``), or by a request that sets neither
     max_tokens nor max_completion_tokens (``max_tokens``)."""
